@@ -1,0 +1,34 @@
+"""Entry point of the ``mlpinterp`` command.
+
+Sub-commands live one concept per module (``polynomial.py``, ``apd.py``, ``sae.py``); each exposes
+``register(app, reproduce_app)``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from mlpinterp.cli import apd as _apd
+from mlpinterp.cli import polynomial as _polynomial
+from mlpinterp.cli import sae as _sae
+
+app = typer.Typer(
+    name="mlpinterp",
+    help="Decompose trained feedforward networks: polynomial approximants, APD, and MFR sparse autoencoders.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+reproduce_app = typer.Typer(help="Reproduce a paper end to end (train, decompose, figures, report).", no_args_is_help=True)
+app.add_typer(reproduce_app, name="reproduce")
+
+for _module in (_polynomial, _apd, _sae):
+    _module.register(app, reproduce_app)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""Small shared plumbing: atomic checkpoint I/O, input validation, seeding."""

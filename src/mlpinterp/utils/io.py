@@ -1,0 +1,101 @@
+"""Atomic, resumable artefact I/O: ``NAME.safetensors`` + ``NAME.json`` pairs.
+
+Writes go to a temporary file in the same directory followed by ``os.replace``, so an
+interrupted run never leaves a truncated artefact under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"object of type {type(o).__name__} is not JSON serialisable")
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> Path:
+    """Save ``tensors`` to ``path`` (``.safetensors``) and ``meta`` to the sibling ``.json``, atomically.
+
+    The JSON is written last: a checkpoint counts as complete only when both files exist.
+    Returns the safetensors path.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    atomic_write_json(path.with_suffix(".json"), meta or {})
+    return path
+
+
+def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """Load a ``.safetensors`` file and its sibling ``.json`` metadata (``{}`` if absent).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file is not a valid safetensors file (corrupt or truncated) or the JSON is invalid.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types on corruption
+        raise ValueError(f"checkpoint {str(path)!r} is not a valid safetensors file ({e})") from e
+    meta_path = path.with_suffix(".json")
+    meta: dict = {}
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"metadata {str(meta_path)!r} is not valid JSON ({e})") from e
+    return tensors, meta

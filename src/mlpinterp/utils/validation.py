@@ -1,0 +1,39 @@
+"""Validation at the public boundary: messages name the argument, the expected shape and what was received."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def to_numpy(x, name: str, dtype=np.float64) -> np.ndarray:
+    """Convert a numpy array, torch tensor or nested sequence to a finite ``dtype`` array.
+
+    Raises ``TypeError`` if ``x`` is not array-like and ``ValueError`` if it holds NaN or inf.
+    """
+    try:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().to(torch.float64 if dtype == np.float64 else torch.float32).numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an array (numpy or torch), got {type(x).__name__}")
+    try:
+        arr = np.asarray(x, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({e})") from e
+    if not np.all(np.isfinite(arr)):
+        n_bad = int(np.size(arr) - np.isfinite(arr).sum())
+        raise ValueError(f"{name} contains {n_bad} non-finite value(s) (NaN or inf)")
+    return arr
+
+
+def check_shape(arr: np.ndarray, name: str, shape: Sequence[int | None]) -> np.ndarray:
+    """Check ``arr.shape`` against ``shape`` where ``None`` matches any size; raise ``ValueError``."""
+    if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape, strict=False)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(arr.shape)}")
+    return arr
