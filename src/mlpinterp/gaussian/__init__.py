@@ -1,1 +1,1 @@
-"""gaussian"""
+"""Shared Gaussian math: distributions, univariate integrals per activation, master theorem, Isserlis."""

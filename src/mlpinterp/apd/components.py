@@ -1,0 +1,199 @@
+"""Parameter components of APD, factored low rank per decomposed weight (Braun et al. 2025, Sec. 2.2, App. A.3).
+
+A *site* is one decomposed weight matrix of the target, named either by an ``nn.Linear`` module
+(``"layers.0.mlp_in"``: its ``weight``, ``[d_out, d_in]`` as in ``torch.nn.Linear``) or by a 2-D parameter
+(``"W"``: any parameter, used anywhere in the forward, e.g. tied as in TMS). Biases, embeddings and every other
+parameter stay fixed: the paper's always-active component.
+
+Component ``c`` at site ``s`` is ``P[c, s] = A[s][c] @ B[s][c]`` with ``A[s]``: ``[C, d_out, m]`` and
+``B[s]``: ``[C, m, d_in]`` (inner rank ``m``; ``B`` *reads* from the input space, ``A`` *writes* to the output
+space). Faithfulness asks ``sum_c P[c, s] = W*[s]`` at every site.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Site:
+    """One decomposed weight: ``name`` in the target, ``kind`` ``"linear"`` (an ``nn.Linear`` module) or
+    ``"param"`` (a named 2-D parameter), and its shape ``[d_out, d_in]``."""
+
+    name: str
+    kind: str
+    d_out: int
+    d_in: int
+
+    @property
+    def numel(self) -> int:
+        return self.d_out * self.d_in
+
+
+def resolve_sites(model: nn.Module, targets: Sequence[str]) -> list[Site]:
+    """Resolve target names to :class:`Site` objects.
+
+    Raises
+    ------
+    TypeError
+        If ``targets`` is a string or not a sequence of strings.
+    ValueError
+        If ``targets`` is empty, has duplicates, or names neither an ``nn.Linear`` module nor a 2-D parameter.
+    """
+    if isinstance(targets, str) or not all(isinstance(t, str) for t in targets):
+        raise TypeError(f"targets must be a sequence of module/parameter names (str), got {targets!r}")
+    if len(targets) == 0:
+        raise ValueError("targets must name at least one nn.Linear module or 2-D parameter, got []")
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"targets must not contain duplicates, got {list(targets)}")
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    sites = []
+    for t in targets:
+        if t in modules and isinstance(modules[t], nn.Linear):
+            w = modules[t].weight
+            sites.append(Site(t, "linear", int(w.shape[0]), int(w.shape[1])))
+        elif t in params and params[t].ndim == 2:
+            sites.append(Site(t, "param", int(params[t].shape[0]), int(params[t].shape[1])))
+        else:
+            linear = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+            mats = [n for n, p in params.items() if p.ndim == 2]
+            what = "a module that is not nn.Linear" if t in modules else (
+                f"a {params[t].ndim}-D parameter" if t in params else "not found")
+            raise ValueError(
+                f"targets: {t!r} must name an nn.Linear module or a 2-D parameter of the model ({what}); "
+                f"nn.Linear modules: {linear}; 2-D parameters: {mats}")
+    linear_weights = {f"{s.name}.weight" for s in sites if s.kind == "linear"}
+    clash = [s.name for s in sites if s.kind == "param" and s.name in linear_weights]
+    if clash:
+        raise ValueError(f"targets name the same weight twice (as module and as parameter): {clash}")
+    return sites
+
+
+def target_weight(model: nn.Module, site: Site) -> torch.Tensor:
+    """The target's current weight at ``site``: ``[d_out, d_in]``."""
+    if site.kind == "linear":
+        return model.get_submodule(site.name).weight
+    return model.get_parameter(site.name)
+
+
+def _key(name: str) -> str:
+    return name.replace(".", "__")
+
+
+class Components(nn.Module):
+    """``C`` parameter components, factored per site with inner rank ``m``.
+
+    Parameters
+    ----------
+    sites
+        Decomposed weights (from :func:`resolve_sites`).
+    C
+        Number of components.
+    m
+        Inner rank per site: an int for every site, ``None`` for full rank ``min(d_out, d_in)``, or a mapping
+        ``site name -> int``.
+    init_scale
+        ``B`` rows start ``~ N(0, 1/d_in)`` and ``A`` entries ``~ N(0, init_scale^2 / (C m))``, so that the sum
+        of components starts with the typical scale of a ``nn.Linear`` weight times ``init_scale``.
+    generator
+        Optional ``torch.Generator`` for the initialisation.
+    """
+
+    def __init__(self, sites: Sequence[Site], C: int, m: int | None | Mapping[str, int] = None,
+                 init_scale: float = 1.0, generator: torch.Generator | None = None):
+        super().__init__()
+        if not isinstance(C, int) or C <= 0:
+            raise ValueError(f"C (number of components) must be a positive int, got {C!r}")
+        self.sites = list(sites)
+        self.C = C
+        self.A = nn.ParameterDict()
+        self.B = nn.ParameterDict()
+        for s in self.sites:
+            ms = m.get(s.name) if isinstance(m, Mapping) else m
+            ms = min(s.d_out, s.d_in) if ms is None else ms
+            if not isinstance(ms, int) or ms <= 0:
+                raise ValueError(f"m (inner rank) for site {s.name!r} must be a positive int or None, got {ms!r}")
+            A = torch.randn(C, s.d_out, ms, generator=generator) * (init_scale / math.sqrt(C * ms))
+            B = torch.randn(C, ms, s.d_in, generator=generator) / math.sqrt(s.d_in)
+            self.A[_key(s.name)] = nn.Parameter(A)
+            self.B[_key(s.name)] = nn.Parameter(B)
+
+    def factors(self, site: Site | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, B)`` of ``site``: ``[C, d_out, m]`` and ``[C, m, d_in]``."""
+        name = site.name if isinstance(site, Site) else site
+        return self.A[_key(name)], self.B[_key(name)]
+
+    def rank(self, site: Site | str) -> int:
+        return int(self.factors(site)[0].shape[-1])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full component matrices ``{site: [C, d_out, d_in]}``."""
+        return {s.name: torch.bmm(*self.factors(s)) for s in self.sites}
+
+    def summed(self) -> dict[str, torch.Tensor]:
+        """``{site: sum_c P[c] ([d_out, d_in])}``, one matmul per site (``[d_out, C m] @ [C m, d_in]``)."""
+        out = {}
+        for s in self.sites:
+            A, B = self.factors(s)
+            C, d_out, m = A.shape
+            out[s.name] = A.permute(1, 0, 2).reshape(d_out, C * m) @ B.reshape(C * m, s.d_in)
+        return out
+
+    @property
+    def n_params(self) -> int:
+        """Number of decomposed target parameters ``N`` (the faithfulness normaliser)."""
+        return sum(s.numel for s in self.sites)
+
+    @torch.no_grad()
+    def normalize_B_(self) -> None:
+        """Rescale every row of every ``B`` to unit norm over ``d_in`` (paper App. D.2, resid-MLP-1)."""
+        for s in self.sites:
+            B = self.factors(s)[1]
+            B.div_(B.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+
+    @classmethod
+    def from_weights(cls, sites: Sequence[Site], weights: Mapping[str, torch.Tensor],
+                     m: int | None = None, atol: float = 1e-5) -> Components:
+        """Exact factors of given component matrices ``{site: [C, d_out, d_in]}`` via SVD.
+
+        Used to score a hand-built (e.g. ground-truth) decomposition. ``m`` defaults to the largest rank needed.
+
+        Raises
+        ------
+        ValueError
+            If a site is missing, shapes disagree, the ``C`` differ between sites, or a matrix has rank > ``m``.
+        """
+        sites = list(sites)
+        Cs = set()
+        for s in sites:
+            if s.name not in weights:
+                raise ValueError(f"weights lacks site {s.name!r}; has {sorted(weights)}")
+            w = weights[s.name]
+            if w.ndim != 3 or tuple(w.shape[1:]) != (s.d_out, s.d_in):
+                raise ValueError(f"weights[{s.name!r}] must have shape [C, {s.d_out}, {s.d_in}], got {list(w.shape)}")
+            Cs.add(int(w.shape[0]))
+        if len(Cs) != 1:
+            raise ValueError(f"all sites must have the same number of components, got {sorted(Cs)}")
+        C = Cs.pop()
+        svds = {s.name: torch.linalg.svd(weights[s.name].double(), full_matrices=False) for s in sites}
+        ranks = {n: int((S > atol * S.amax(dim=-1, keepdim=True).clamp_min(1e-300)).sum(-1).max()) for n, (_, S, _) in svds.items()}
+        m_use = max(1, max(ranks.values())) if m is None else m
+        comps = cls(sites, C, m=m_use)
+        with torch.no_grad():
+            for s in sites:
+                U, S, Vh = svds[s.name]
+                if ranks[s.name] > m_use:
+                    raise ValueError(f"site {s.name!r} needs rank {ranks[s.name]} > m={m_use}")
+                A, B = comps.factors(s)
+                k = min(m_use, S.shape[-1])
+                A.zero_()
+                B.zero_()
+                A[:, :, :k] = (U[:, :, :k] * S[:, None, :k].sqrt()).float()
+                B[:, :k, :] = (S[:, :k, None].sqrt() * Vh[:, :k, :]).float()
+        return comps

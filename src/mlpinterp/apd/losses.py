@@ -1,0 +1,122 @@
+"""APD losses (Braun et al. 2025, Sec. 2.2 and App. A.3-A.4), normalised as in the reference implementation.
+
+- faithfulness: ``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` with ``N`` the number of decomposed parameters;
+- minimality: ``D(f(x | theta*), f(x | kappa(x)))`` with ``D`` the MSE (mean over batch and outputs) or the KL
+  divergence ``KL(softmax(target) || softmax(sparse))`` (nats, mean over batch);
+- simplicity: ``sum_b sum_c s_c(x_b) sum_s ||P_{c,s}||_p^p / (N * batch)`` (Schatten-p, ``p`` may be < 1);
+- hidden-activation reconstruction: MSE between chosen activations of the target and of the sparse forward;
+- Lp variant (App. A.4): ``sum_c A_c(x)^{p1}`` and ``sum_c A_c(x)^{p1} sum_s ||P_{c,s}||_{p2}^{p2}``.
+
+Schatten-p from the factors, without an SVD. For ``P = A B`` (``A``: ``[d_out, m]``, ``B``: ``[m, d_in]``) the
+squared singular values of ``P`` are the non-zero eigenvalues of ``P^T P = B^T (A^T A) B``. Because
+``eig(XY) = eig(YX)`` away from zero, they are also the eigenvalues of the ``m x m`` product
+``G_A G_B = (A^T A)(B B^T)``. That product is not symmetric, but with a Cholesky factor ``G_B = L L^T`` it is
+similar to the symmetric PSD matrix ``M = L^T G_A L`` (``G_A G_B = L^{-T} M L^T``), so
+``sigma_i(P)^2 = eigvalsh(M)_i`` and ``||P||_p^p = sum_i (sigma_i^2)^{p/2}``. Cost ``O(m^2 (d_out + d_in) + m^3)``
+per component instead of an SVD of the ``d_out x d_in`` matrix; computed in float64 with a ``1e-12``-relative
+jitter on ``G_B`` (which moves eigenvalues by at most ``1e-12 ||G_A|| tr(G_B)/m``). The paper's cheaper surrogate
+replaces ``sigma_m`` by ``||A[:, m]|| ||B[m, :]||`` (exact when the rank-one terms are orthogonal, always for
+``m = 1``); it is available as ``mode="factor"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from mlpinterp.apd.components import Components
+
+EPS = 1e-16
+SCHATTEN_MODES = ("exact", "factor")
+
+
+def faithfulness_loss(comps: Components, target: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` (scalar; mean squared parameter error)."""
+    summed = comps.summed()
+    total = sum(((target[s.name] - summed[s.name]) ** 2).sum() for s in comps.sites)
+    return total / comps.n_params
+
+
+def minimality_loss(out: torch.Tensor, target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
+    """Distance between the sparse-forward output and the target output.
+
+    ``kind="mse"``: mean over all entries. ``kind="kl"``: ``KL(softmax(target_out) || softmax(out))`` over the last
+    dimension, in nats, mean over the other dimensions.
+
+    Raises
+    ------
+    ValueError
+        If ``kind`` is unknown or the shapes differ.
+    """
+    if out.shape != target_out.shape:
+        raise ValueError(f"out and target_out must have the same shape, got {list(out.shape)} and {list(target_out.shape)}")
+    if kind == "mse":
+        return ((out - target_out) ** 2).mean()
+    if kind == "kl":
+        logp = F.log_softmax(out, dim=-1)
+        logq = F.log_softmax(target_out, dim=-1)
+        return (logq.exp() * (logq - logp)).sum(-1).mean()
+    raise ValueError(f"kind (minimality loss) must be 'mse' or 'kl', got {kind!r}")
+
+
+def schatten_pp(A: torch.Tensor, B: torch.Tensor, p: float, mode: str = "exact") -> torch.Tensor:
+    """``||A_c B_c||_p^p`` for every component: ``A``: ``[C, d_out, m]``, ``B``: ``[C, m, d_in]`` -> ``[C]``.
+
+    ``mode="exact"`` uses the eigenvalues of the ``m x m`` Gram product (module docstring); ``mode="factor"`` is
+    the paper's surrogate ``sum_m (||A[:, m]||^2 ||B[m, :]||^2)^{p/2}``. A ``1e-16`` is added under every power.
+
+    Raises
+    ------
+    ValueError
+        If ``p <= 0``, ``mode`` is unknown or the factor shapes do not chain.
+    """
+    if not p > 0:
+        raise ValueError(f"p (Schatten exponent) must be > 0, got {p}")
+    if A.ndim != 3 or B.ndim != 3 or A.shape[0] != B.shape[0] or A.shape[2] != B.shape[1]:
+        raise ValueError(f"A [C, d_out, m] and B [C, m, d_in] must chain, got {list(A.shape)} and {list(B.shape)}")
+    if mode == "factor":
+        s = (A**2).sum(1) * (B**2).sum(2)  # [C, m]
+        return ((s + EPS) ** (p / 2)).sum(-1)
+    if mode != "exact":
+        raise ValueError(f"mode must be one of {SCHATTEN_MODES}, got {mode!r}")
+    Ad, Bd = A.double(), B.double()
+    GA = Ad.transpose(1, 2) @ Ad  # [C, m, m]
+    GB = Bd @ Bd.transpose(1, 2)
+    m = GA.shape[-1]
+    eye = torch.eye(m, dtype=GA.dtype, device=GA.device)
+    jitter = 1e-12 * (GB.diagonal(dim1=1, dim2=2).sum(-1) / m)[:, None, None] + 1e-300
+    L = torch.linalg.cholesky(GB + jitter * eye)
+    M = L.transpose(1, 2) @ GA @ L
+    lam = torch.linalg.eigvalsh(0.5 * (M + M.transpose(1, 2))).clamp_min(0.0)  # sigma^2, [C, m]
+    return ((lam + EPS) ** (p / 2)).sum(-1).to(A.dtype)
+
+
+def component_schatten(comps: Components, p: float, mode: str = "exact") -> torch.Tensor:
+    """``[C]``: ``sum_s ||P_{c,s}||_p^p`` over sites."""
+    return sum(schatten_pp(*comps.factors(s), p=p, mode=mode) for s in comps.sites)
+
+
+def simplicity_loss(comps: Components, mask: torch.Tensor, p: float, mode: str = "exact") -> torch.Tensor:
+    """``sum_{b,c} mask[b,c] sum_s ||P_{c,s}||_p^p / (N * batch)``; ``mask``: ``[batch, C]`` (bool or weights)."""
+    per_c = component_schatten(comps, p, mode)
+    return (mask.to(per_c.dtype) * per_c).sum() / (comps.n_params * mask.shape[0])
+
+
+def act_recon_loss(acts: Mapping[str, torch.Tensor], target_acts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Mean over the named activations of their MSE (mean over entries)."""
+    if set(acts) != set(target_acts) or not acts:
+        raise ValueError(f"acts and target_acts must name the same non-empty set, got {sorted(acts)} / {sorted(target_acts)}")
+    return sum(((acts[n] - target_acts[n]) ** 2).mean() for n in acts) / len(acts)
+
+
+def lp_minimality_loss(attr: torch.Tensor, p1: float) -> torch.Tensor:
+    """``mean_b sum_c A_c(x_b)^{p1}`` with ``A_c = sqrt(attr)`` (``attr``: ``[batch, C]`` sums of squares)."""
+    return ((attr + EPS) ** (p1 / 2)).sum(-1).mean()
+
+
+def lp_simplicity_loss(comps: Components, attr: torch.Tensor, p1: float, p2: float, mode: str = "exact") -> torch.Tensor:
+    """``mean_b sum_c A_c(x_b)^{p1} sum_s ||P_{c,s}||_{p2}^{p2} / N``."""
+    per_c = component_schatten(comps, p2, mode)
+    return (((attr + EPS) ** (p1 / 2)) * per_c).sum(-1).mean() / comps.n_params

@@ -1,0 +1,130 @@
+"""Evaluation of APD decompositions (Braun et al. 2025, Secs. 3.1-3.2).
+
+- :func:`mmcs_ml2r`: mean max cosine similarity and mean L2 ratio of target columns vs component columns;
+- :func:`activation_frequency`: how often each component is selected (dead components have frequency 0);
+- :func:`per_feature_mse`: sparse-forward MSE on inputs with one active feature, per feature;
+- :func:`responsible_components` and :func:`scrubbing`: the causal-scrubbing / anti-scrubbing experiment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlpinterp.apd.attributions import attributions
+from mlpinterp.apd.components import Components
+from mlpinterp.apd.forward import run_with_components
+from mlpinterp.apd.masks import topk_mask
+from mlpinterp.utils.validation import check_shape, to_numpy
+
+
+def mmcs_ml2r(W, P) -> tuple[float, float, np.ndarray]:
+    """MMCS and ML2R (paper Sec. 3.1) between the columns of ``W`` and those of the components ``P``.
+
+    ``W``: ``[d_out, n]`` (for TMS the ``[d_hidden, n_features]`` matrix, columns = features); ``P``:
+    ``[C, d_out, n]``. For each column ``j``, ``mcs(j) = argmax_c cos(P[c, :, j], W[:, j])`` (a zero column has
+    cosine 0); ``MMCS = mean_j max_c cos``, ``ML2R = mean_j ||P[mcs(j), :, j]|| / ||W[:, j]||``.
+    Returns ``(mmcs, ml2r, mcs)`` with ``mcs``: ``[n]`` int.
+
+    Raises
+    ------
+    ValueError
+        On shape mismatch, non-finite values or a zero column of ``W``.
+    """
+    W = to_numpy(W, "W")
+    P = to_numpy(P, "P")
+    if W.ndim != 2:
+        raise ValueError(f"W must have shape [d_out, n], got {list(W.shape)}")
+    check_shape(P, "P", [None, W.shape[0], W.shape[1]])
+    wn = np.linalg.norm(W, axis=0)
+    if np.any(wn == 0):
+        raise ValueError(f"W has zero columns {np.flatnonzero(wn == 0).tolist()}; MMCS is undefined there")
+    pn = np.linalg.norm(P, axis=1)  # [C, n]
+    dots = np.einsum("cdn,dn->cn", P, W)
+    cos = np.where(pn > 0, dots / np.maximum(pn, 1e-300) / wn, 0.0)
+    mcs = cos.argmax(axis=0)
+    cols = np.arange(W.shape[1])
+    return float(cos[mcs, cols].mean()), float((pn[mcs, cols] / wn).mean()), mcs
+
+
+@torch.no_grad()
+def activation_frequency(model: nn.Module, comps: Components, batches, mask_fn: Callable[[torch.Tensor], torch.Tensor],
+                         source: str = "target") -> np.ndarray:
+    """``[C]`` fraction of samples on which each component is selected by ``mask_fn(attributions)``."""
+    counts, n = torch.zeros(comps.C), 0
+    for x in batches:
+        mask = mask_fn(attributions(model, comps, x, source))
+        counts += mask.float().sum(0)
+        n += x.shape[0]
+    return (counts / max(n, 1)).numpy()
+
+
+@torch.no_grad()
+def per_feature_mse(model: nn.Module, comps: Components, n_features: int, value_range=(-1.0, 1.0),
+                    n_per_feature: int = 200, k: int = 1, source: str = "target", seed: int = 0) -> np.ndarray:
+    """``[n_features]``: MSE between the per-sample top-``k`` sparse forward and the target on inputs whose only
+    active feature is ``i`` (value ``U(value_range)``)."""
+    g = torch.Generator().manual_seed(seed)
+    out = np.zeros(n_features)
+    lo, hi = value_range
+    for i in range(n_features):
+        x = torch.zeros(n_per_feature, n_features)
+        x[:, i] = torch.rand(n_per_feature, generator=g) * (hi - lo) + lo
+        mask = topk_mask(attributions(model, comps, x, source), k)
+        y = run_with_components(model, comps, x, mask.float())
+        out[i] = float(((y - model(x)) ** 2).mean())
+    return out
+
+
+@torch.no_grad()
+def responsible_components(model: nn.Module, comps: Components, n_features: int, value: float = 1.0,
+                           source: str = "target") -> np.ndarray:
+    """``[n_features]``: the component with the largest attribution on the one-hot input ``value * e_i``."""
+    x = torch.eye(n_features) * value
+    return attributions(model, comps, x, source).argmax(dim=1).numpy()
+
+
+@dataclass(frozen=True)
+class ScrubbingResult:
+    """Per-sample MSEs to the target output (each ``[n_samples]``) and their means."""
+
+    topk: np.ndarray
+    scrubbed: np.ndarray
+    anti_scrubbed: np.ndarray
+
+    def summary(self) -> dict[str, float]:
+        return {"topk_mse": float(self.topk.mean()), "scrubbed_mse": float(self.scrubbed.mean()),
+                "anti_scrubbed_mse": float(self.anti_scrubbed.mean())}
+
+
+@torch.no_grad()
+def scrubbing(model: nn.Module, comps: Components, x: torch.Tensor, responsible: np.ndarray,
+              topk_fn: Callable[[torch.Tensor], torch.Tensor], seed: int = 0,
+              source: str = "target") -> ScrubbingResult:
+    """Causal scrubbing (paper Sec. 3.2): ablate ``C // 2`` components per sample.
+
+    *Scrubbed*: the ablated half is drawn among the components not responsible for the sample's active features.
+    *Anti-scrubbed*: the responsible components are ablated, the rest of the half drawn at random from the others.
+    ``x``: ``[n, n_features]`` (samples should have at least one active feature); ``responsible``: ``[n_features]``.
+    """
+    n, C = x.shape[0], comps.C
+    half = C // 2
+    rng = np.random.default_rng(seed)
+    target = model(x)
+    mse = lambda y: ((y - target) ** 2).mean(dim=tuple(range(1, y.ndim))).numpy()
+    topk_out = run_with_components(model, comps, x, topk_fn(attributions(model, comps, x, source)).float())
+    keep_s = torch.ones(n, C)
+    keep_a = torch.ones(n, C)
+    act = to_numpy(x, "x") != 0
+    for b in range(n):
+        resp = np.unique(responsible[act[b]])
+        others = np.setdiff1d(np.arange(C), resp)
+        keep_s[b, rng.choice(others, size=min(half, len(others)), replace=False)] = 0
+        extra = rng.choice(others, size=max(0, half - len(resp)), replace=False)
+        keep_a[b, np.concatenate([resp, extra]).astype(int)] = 0
+    return ScrubbingResult(mse(topk_out), mse(run_with_components(model, comps, x, keep_s)),
+                           mse(run_with_components(model, comps, x, keep_a)))

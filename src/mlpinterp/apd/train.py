@@ -1,0 +1,310 @@
+"""The APD optimisation loop (Braun et al. 2025, Sec. 2.2, App. A.3), for any ``nn.Module``.
+
+Per step: sample a batch, run the target, compute gradient attributions of every component (batched forward
+mode), select components with batch or per-sample top-k, run the sparse forward with only those, and minimise
+``c_F L_faithfulness + c_M L_minimality + c_S L_simplicity (+ c_H L_hidden)`` with AdamW, linear warm-up and a
+constant or cosine schedule. The Lp variant replaces top-k by ``L_Lp`` penalties on attributions.
+
+Runs are deterministic given the seed (each step's batch comes from ``sample(step)``) and resumable: with an
+``out_dir`` an atomic checkpoint (factors + AdamW state + step + history) is written every
+``checkpoint_every`` steps and picked up again by a rerun with the same configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mlpinterp.apd.attributions import SOURCES, attributions
+from mlpinterp.apd.components import Components, resolve_sites, target_weight
+from mlpinterp.apd.forward import capture_outputs, run_with_components
+from mlpinterp.apd.losses import (
+    SCHATTEN_MODES,
+    act_recon_loss,
+    faithfulness_loss,
+    lp_minimality_loss,
+    lp_simplicity_loss,
+    minimality_loss,
+    simplicity_loss,
+)
+from mlpinterp.apd.masks import batch_topk_mask, topk_mask
+from mlpinterp.utils.io import load_tensors, save_tensors
+
+
+@dataclass(frozen=True)
+class APDConfig:
+    """Hyperparameters of one APD run (defaults: the paper's TMS 5-2 preset, App. D.1)."""
+
+    targets: tuple[str, ...] = ("W",)
+    """Decomposed weights: ``nn.Linear`` module names or 2-D parameter names."""
+    C: int = 5
+    """Number of parameter components."""
+    m: int | None = None
+    """Inner rank of each component at each site; ``None`` = full rank ``min(d_out, d_in)``."""
+    steps: int = 20_000
+    """Optimiser steps."""
+    batch_size: int = 2048
+    """Samples per step."""
+    lr: float = 3e-2
+    """Peak learning rate."""
+    lr_schedule: str = "constant"
+    """``"constant"`` or ``"cosine"`` (to zero) after warm-up."""
+    warmup_frac: float = 0.05
+    """Fraction of steps with a linear learning-rate warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay on the factors."""
+    sparsity: str = "topk"
+    """``"topk"`` (the paper's main formulation) or ``"lp"`` (App. A.4)."""
+    topk: float = 0.211
+    """Batch top-k: mean active components per sample; per-sample top-k: integer k."""
+    batch_topk: bool = True
+    """Select over the whole batch (Bussmann et al. 2024) rather than per sample."""
+    faithfulness_coeff: float = 1.0
+    """Coefficient of the faithfulness loss."""
+    minimality_coeff: float = 1.0
+    """Coefficient of the minimality (top-k reconstruction) loss."""
+    simplicity_coeff: float = 0.7
+    """Coefficient of the Schatten-p simplicity loss."""
+    schatten_p: float = 1.0
+    """Schatten exponent ``p`` of the simplicity loss."""
+    schatten_mode: str = "exact"
+    """``"exact"`` (eigenvalues of the m x m Gram product) or ``"factor"`` (paper's surrogate)."""
+    output_loss: str = "mse"
+    """Minimality distance: ``"mse"`` or ``"kl"`` (logits)."""
+    act_recon_coeff: float = 0.0
+    """Coefficient of the hidden-activation reconstruction loss (0 disables)."""
+    act_names: tuple[str, ...] = ()
+    """Modules whose outputs are reconstructed (e.g. ``("layers.0.act",)``)."""
+    lp_p1: float = 1.0
+    """Lp variant: exponent of the attributions."""
+    lp_p2: float = 1.0
+    """Lp variant: Schatten exponent."""
+    attribution_source: str = "target"
+    """Attributions at ``theta*`` (``"target"``) or at the summed components (``"apd"``)."""
+    unit_norm_B: bool = False
+    """Renormalise the rows of ``B`` (reading factors) to unit norm after every step (paper, resid-MLP-1)."""
+    init_scale: float = 1.0
+    """Initial scale of the ``A`` factors."""
+    chunk_size: int | None = None
+    """Components propagated at once in the attribution pass (``None``: all)."""
+    seed: int = 0
+    """Seed of the initialisation (the data stream is the caller's ``sample(step)``)."""
+    log_every: int = 200
+    """Record metrics every this many steps (and at the last step)."""
+    checkpoint_every: int = 2000
+    """Write a checkpoint every this many steps when ``out_dir`` is given."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first inconsistent field."""
+        if self.C <= 0:
+            raise ValueError(f"C must be positive, got {self.C}")
+        if self.steps <= 0 or self.batch_size <= 0:
+            raise ValueError(f"steps and batch_size must be positive, got {self.steps}, {self.batch_size}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if self.sparsity not in ("topk", "lp"):
+            raise ValueError(f"sparsity must be 'topk' or 'lp', got {self.sparsity!r}")
+        if self.sparsity == "topk":
+            if self.batch_topk and not 0 < self.topk <= self.C:
+                raise ValueError(f"topk (batch top-k) must be in (0, C={self.C}], got {self.topk}")
+            if self.batch_topk and int(self.topk * self.batch_size) < 1:
+                raise ValueError(f"topk * batch_size = {self.topk * self.batch_size} selects no component")
+            if not self.batch_topk and (int(self.topk) != self.topk or not 1 <= self.topk <= self.C):
+                raise ValueError(f"topk (per-sample) must be an integer in [1, C={self.C}], got {self.topk}")
+        if self.schatten_mode not in SCHATTEN_MODES:
+            raise ValueError(f"schatten_mode must be one of {SCHATTEN_MODES}, got {self.schatten_mode!r}")
+        if self.schatten_p <= 0 or self.lp_p1 <= 0 or self.lp_p2 <= 0:
+            raise ValueError("schatten_p, lp_p1 and lp_p2 must be > 0")
+        if self.output_loss not in ("mse", "kl"):
+            raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
+        if self.attribution_source not in SOURCES:
+            raise ValueError(f"attribution_source must be one of {SOURCES}, got {self.attribution_source!r}")
+        if self.act_recon_coeff > 0 and not self.act_names:
+            raise ValueError("act_recon_coeff > 0 needs act_names (modules whose outputs to reconstruct)")
+        if self.m is not None and self.m <= 0:
+            raise ValueError(f"m must be positive or None, got {self.m}")
+
+
+@dataclass
+class APDResult:
+    """Output of :func:`decompose`: the components, the metric history and the wall time (s)."""
+
+    components: Components
+    config: APDConfig
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def lr_at(step: int, cfg: APDConfig) -> float:
+    """Learning rate at ``step``: linear warm-up over ``warmup_frac * steps``, then constant or cosine to 0."""
+    warm = int(cfg.warmup_frac * cfg.steps)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    frac = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def select_mask(attr: torch.Tensor, cfg: APDConfig) -> torch.Tensor:
+    """Top-k mask ``[batch, C]`` according to ``cfg.topk`` / ``cfg.batch_topk``."""
+    return batch_topk_mask(attr, cfg.topk) if cfg.batch_topk else topk_mask(attr, int(cfg.topk))
+
+
+def apd_losses(model: nn.Module, comps: Components, x: torch.Tensor, cfg: APDConfig,
+               target_weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss and its named terms for one batch ``x`` (also ``L0``: mean active components per sample)."""
+    act_names = list(cfg.act_names) if cfg.act_recon_coeff > 0 else []
+    with torch.no_grad(), capture_outputs(model, act_names) as t_acts:
+        target_out = model(x)
+        target_acts = dict(t_acts)
+    terms: dict[str, torch.Tensor] = {"faithfulness": faithfulness_loss(comps, target_weights)}
+    total = cfg.faithfulness_coeff * terms["faithfulness"]
+    if cfg.sparsity == "topk":
+        with torch.no_grad():
+            attr = attributions(model, comps, x, cfg.attribution_source, cfg.chunk_size)
+            mask = select_mask(attr, cfg)
+        coef = mask.to(x.dtype)
+        with capture_outputs(model, act_names) as s_acts:
+            out = run_with_components(model, comps, x, coef, base=False)
+            acts = dict(s_acts)
+        terms["minimality"] = minimality_loss(out, target_out, cfg.output_loss)
+        terms["simplicity"] = simplicity_loss(comps, mask, cfg.schatten_p, cfg.schatten_mode)
+        total = total + cfg.minimality_coeff * terms["minimality"] + cfg.simplicity_coeff * terms["simplicity"]
+        l0 = float(mask.sum(1).float().mean())
+    else:
+        attr = attributions(model, comps, x, cfg.attribution_source, cfg.chunk_size)
+        with capture_outputs(model, act_names) as s_acts:
+            run_with_components(model, comps, x, None, base=False) if act_names else None
+            acts = dict(s_acts)
+        terms["lp_minimality"] = lp_minimality_loss(attr, cfg.lp_p1)
+        terms["lp_simplicity"] = lp_simplicity_loss(comps, attr, cfg.lp_p1, cfg.lp_p2, cfg.schatten_mode)
+        total = total + cfg.minimality_coeff * terms["lp_minimality"] + cfg.simplicity_coeff * terms["lp_simplicity"]
+        l0 = float((attr > 1e-6 * attr.amax().clamp_min(1e-30)).sum(1).float().mean())
+    if act_names:
+        terms["act_recon"] = act_recon_loss(acts, target_acts)
+        total = total + cfg.act_recon_coeff * terms["act_recon"]
+    logs = {k: float(v.detach()) for k, v in terms.items()}
+    logs["total"] = float(total.detach())
+    logs["L0"] = l0
+    return total, logs
+
+
+def _save_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, step: int, cfg: APDConfig,
+                     history: list[dict]) -> None:
+    tensors = {f"comp.{k}": v.detach() for k, v in comps.state_dict().items()}
+    for i, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    save_tensors(path, tensors, {"step": step, "config": asdict(cfg), "history": history})
+
+
+def _load_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, cfg: APDConfig) -> tuple[int, list]:
+    tensors, meta = load_tensors(path)
+    saved = meta.get("config", {})
+    mine = asdict(cfg)
+    diff = {k for k in mine if k not in ("log_every", "checkpoint_every") and _norm(saved.get(k)) != _norm(mine[k])}
+    if diff:
+        raise ValueError(f"checkpoint {str(path)!r} was written with a different configuration (fields {sorted(diff)}); "
+                         "use another out_dir or delete the checkpoint")
+    comps.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("comp.")})
+    sd = opt.state_dict()
+    state: dict = {}
+    for k, v in tensors.items():
+        if k.startswith("opt."):
+            _, i, name = k.split(".", 2)
+            state.setdefault(int(i), {})[name] = v
+    sd["state"] = state
+    opt.load_state_dict(sd)
+    return int(meta["step"]), list(meta.get("history", []))
+
+
+def _norm(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDConfig,
+              out_dir: str | Path | None = None, quiet: bool = False,
+              callback: Callable[[int, Components, dict], None] | None = None) -> APDResult:
+    """Run APD on ``model`` (frozen) with batches ``sample(step) -> [batch_size, ...]``.
+
+    Parameters
+    ----------
+    model
+        Target network; its parameters are not modified (``requires_grad`` is restored on exit).
+    sample
+        Deterministic batch for each step (e.g. from :func:`mlpinterp.toys.step_generator`).
+    cfg
+        Hyperparameters (validated first).
+    out_dir
+        If given, ``out_dir/checkpoint.safetensors`` (+ ``.json``) is written atomically every
+        ``cfg.checkpoint_every`` steps and at the end, and an existing checkpoint is resumed.
+    quiet
+        Disable the progress bar.
+    callback
+        Called as ``callback(step, components, logs)`` at every logging step.
+
+    Raises
+    ------
+    ValueError
+        On an invalid configuration, unknown targets, or a checkpoint written with another configuration.
+    """
+    cfg.validate()
+    sites = resolve_sites(model, cfg.targets)
+    if cfg.act_recon_coeff > 0 and any(s.kind == "param" for s in sites):
+        raise ValueError("hidden-activation reconstruction is only supported when every target is an nn.Linear")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    comps = Components(sites, cfg.C, cfg.m, init_scale=cfg.init_scale, generator=gen)
+    if cfg.unit_norm_B:
+        comps.normalize_B_()
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.requires_grad_(False)
+    target_weights = {s.name: target_weight(model, s).detach() for s in sites}
+    opt = torch.optim.AdamW(comps.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
+    start, history = 0, []
+    if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
+        start, history = _load_checkpoint(ckpt, comps, opt, cfg)
+    t0 = time.perf_counter()
+    try:
+        bar = tqdm(range(start, cfg.steps), desc="APD", disable=quiet, initial=start, total=cfg.steps, leave=False)
+        for step in bar:
+            lr = lr_at(step, cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x = sample(step)
+            total, logs = apd_losses(model, comps, x, cfg, target_weights)
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            opt.step()
+            if cfg.unit_norm_B:
+                comps.normalize_B_()
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                logs.update(step=step, lr=lr)
+                history.append(logs)
+                bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("total", "L0") if k in logs})
+                if callback is not None:
+                    callback(step, comps, logs)
+            if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
+                _save_checkpoint(ckpt, comps, opt, step + 1, cfg, history)
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags[n])
+    return APDResult(comps, cfg, history, time.perf_counter() - t0)
+
+
+def with_overrides(cfg: APDConfig, **kw) -> APDConfig:
+    """``dataclasses.replace`` that rejects unknown field names with a ``ValueError``."""
+    unknown = set(kw) - set(asdict(cfg))
+    if unknown:
+        raise ValueError(f"unknown APDConfig fields {sorted(unknown)}")
+    return replace(cfg, **kw)

@@ -1,0 +1,118 @@
+"""Evaluate a network checkpoint against its polynomial approximants (Rigg & Belrose 2025, §4).
+
+For each checkpoint we fit four approximants, all exact (no sampling, no SGD):
+
+* ``linear_mixture`` / ``quadratic_mixture``: optimal under the class-conditional Gaussian mixture of the
+  training set (the paper's model of the data);
+* ``linear_gaussian`` / ``quadratic_gaussian``: optimal under the single moment-matched Gaussian.
+
+and measure, for each: FVU under the mixture (Monte Carlo, with standard error), FVU on the real test set,
+KL(network || approximant) of the softmax outputs in nats (test set and mixture), the approximant's test
+accuracy as a classifier and its top-1 agreement with the network.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
+from mlpinterp.poly.fit import fit_polynomial
+from mlpinterp.poly.metrics import accuracy, fvu, fvu_on_data, kl_divergence, top1_agreement
+from mlpinterp.poly.spectral import ablate, pca_directions, random_directions, top_singular_directions
+
+APPROXIMANTS: tuple[tuple[str, str, int], ...] = (
+    ("linear_mixture", "mixture", 1),
+    ("quadratic_mixture", "mixture", 2),
+    ("linear_gaussian", "gaussian", 1),
+    ("quadratic_gaussian", "gaussian", 2),
+)
+"""(name, distribution, degree) of the approximants fitted at every checkpoint."""
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    """What every checkpoint is evaluated against.
+
+    mixture : class-conditional Gaussian mixture of the training set; gaussian : its moment-matched Gaussian;
+    X_test ``[n_test, d_in]``, y_test ``[n_test]``; mixture_samples ``[n_mc, d_in]``: fixed Monte Carlo draws
+    from the mixture shared by all checkpoints (common random numbers make curves over steps smooth).
+    """
+
+    mixture: GaussianMixture
+    gaussian: Gaussian
+    X_test: np.ndarray
+    y_test: np.ndarray
+    mixture_samples: np.ndarray
+
+
+def fit_approximants(network, inputs: EvalInputs, *, quadratic_mixture: bool = True) -> tuple[dict, dict]:
+    """Fit the approximants of ``APPROXIMANTS``; returns ``(approximants, fit_seconds)``."""
+    out, secs = {}, {}
+    for name, dist_name, degree in APPROXIMANTS:
+        if name == "quadratic_mixture" and not quadratic_mixture:
+            continue
+        dist = inputs.mixture if dist_name == "mixture" else inputs.gaussian
+        t0 = time.perf_counter()
+        out[name] = fit_polynomial(network, dist, degree)
+        secs[name] = time.perf_counter() - t0
+    return out, secs
+
+
+def _fvu_on_samples(network, p, X) -> dict:
+    r = fvu_on_data(network, p, X)
+    return {"fvu": r.fvu, "stderr": r.stderr}
+
+
+def evaluate_checkpoint(network, inputs: EvalInputs, *, quadratic_mixture: bool = True) -> dict:
+    """All metrics of one checkpoint as a JSON-ready dict (see module docstring)."""
+    approx, secs = fit_approximants(network, inputs, quadratic_mixture=quadratic_mixture)
+    res: dict = {"network": {"test_accuracy": accuracy(network, inputs.X_test, inputs.y_test)}, "approximants": {}}
+    for name, p in approx.items():
+        kl, kl_se = kl_divergence(network, p, inputs.X_test)
+        kl_m, kl_m_se = kl_divergence(network, p, inputs.mixture_samples)
+        entry = {
+            "fvu_mixture": _fvu_on_samples(network, p, inputs.mixture_samples),
+            "fvu_test": _fvu_on_samples(network, p, inputs.X_test),
+            "kl_test": {"nats": kl, "stderr": kl_se},
+            "kl_mixture": {"nats": kl_m, "stderr": kl_m_se},
+            "test_accuracy": accuracy(p, inputs.X_test, inputs.y_test),
+            "top1_agreement_test": top1_agreement(network, p, inputs.X_test),
+            "fit_seconds": secs[name],
+        }
+        if name.endswith("gaussian"):
+            exact = fvu(network, p, inputs.gaussian)
+            entry["fvu_gaussian"] = {"fvu": exact.fvu, "stderr": exact.stderr, "method": exact.method}
+        if getattr(p, "solver_info", None):
+            entry["solver_info"] = p.solver_info
+        res["approximants"][name] = entry
+    return res
+
+
+def svd_attack(network, approximants: dict, X_train, X_test, y_test, *, k_max: int = 10, seed: int = 0) -> dict:
+    """Test accuracy of the network and approximants as k = 0..k_max input directions are projected out.
+
+    Directions (Rigg & Belrose 2025, §4.3): the top-k right singular vectors of the linear coefficients
+    of ``approximants["linear_mixture"]``; baselines: k random orthonormal directions and the top-k PCA
+    directions of the training data. Returns ``{method: {model: [acc_k for k in 0..k_max]}}``.
+    """
+    lin = approximants["linear_mixture"]
+    d = X_test.shape[1]
+    k_max = min(k_max, min(lin.coefficients(1).shape))
+    dirs = {
+        "svd": top_singular_directions(lin, k_max),
+        "random": random_directions(d, k_max, seed),
+        "pca": pca_directions(X_train, k_max),
+    }
+    models = {"network": network, **{k: v for k, v in approximants.items() if k.endswith("mixture")}}
+    out: dict = {}
+    for method, V in dirs.items():
+        out[method] = {m: [] for m in models}
+        for k in range(k_max + 1):
+            Xa = ablate(X_test, V[:, :k])
+            for m, f in models.items():
+                out[method][m].append(accuracy(f, Xa, y_test))
+    out["k"] = list(range(k_max + 1))
+    return out

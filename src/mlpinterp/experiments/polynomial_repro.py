@@ -1,0 +1,184 @@
+"""``mlpinterp reproduce polynomial``: Rigg & Belrose (2025, arXiv 2502.01032) end to end on real data.
+
+For each seed: train a one-hidden-layer classifier with log-spaced checkpoints (resumable), fit the
+exact linear and quadratic approximants under the class-conditional Gaussian mixture of the training
+set and under the single moment-matched Gaussian at every checkpoint, measure FVU / KL / accuracy under
+the mixture and on the real test set, run the SVD ablation attack with random and PCA baselines at the
+final checkpoint, then aggregate over seeds into JSON/CSV, figures and ``report.md``/``report.html``.
+
+Layout of ``out``::
+
+    config.json                     the run's configuration
+    seed{S}/checkpoints/step_*.safetensors|json   classifier checkpoints (atomic, resumable)
+    seed{S}/eval/step_*.json        per-checkpoint metrics (skipped when present: resumable)
+    seed{S}/attack.json             SVD attack at the final checkpoint
+    seed{S}/features.npz            linear rows and top quadratic eigenvectors per class
+    results.json, curves.csv, attack.csv, figures/*.png, report.md, report.html
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mlpinterp.data import load_dataset
+from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
+from mlpinterp.gaussian.distributions import GaussianMixture
+from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
+from mlpinterp.poly.spectral import quadratic_spectrum
+from mlpinterp.utils.io import atomic_write_json
+
+DATASET_DEFAULTS = {
+    # width, learning rate, steps, Monte Carlo samples of the mixture
+    "digits": dict(d_hidden=256, lr=2e-3, steps=8192, mc_samples=50_000),
+    "mnist": dict(d_hidden=512, lr=2e-3, steps=16384, mc_samples=20_000),
+    "fashion-mnist": dict(d_hidden=512, lr=2e-3, steps=16384, mc_samples=20_000),
+}
+SMOKE = dict(d_hidden=32, steps=256, mc_samples=4000, warmup_steps=64)
+
+
+@dataclass(frozen=True)
+class PolynomialReproConfig:
+    """Configuration of ``reproduce polynomial`` (every field documented for ``--help``)."""
+
+    dataset: str = "digits"
+    """``digits`` (bundled with scikit-learn), ``mnist`` or ``fashion-mnist`` (IDX files)."""
+    seeds: int = 3
+    """Number of independent training seeds (0..seeds-1)."""
+    steps: int | None = None
+    """Training steps (default per dataset: digits 8192, MNIST 16384)."""
+    d_hidden: int | None = None
+    """Hidden width (default: digits 256, MNIST 512)."""
+    lr: float | None = None
+    """Peak learning rate of schedule-free AdamW (default 2e-3)."""
+    arch: str = "mlp"
+    """``mlp`` or ``glu``."""
+    activation: str = "relu"
+    """Hidden activation (for glu: the gate; relu = ReGLU, silu = SwiGLU)."""
+    warmup_steps: int = 1000
+    """Warm-up steps (paper: 1000)."""
+    mc_samples: int | None = None
+    """Monte Carlo samples of the mixture for FVU/KL under the mixture."""
+    attack_k: int = 10
+    """Largest number of ablated input directions in the SVD attack."""
+    data_path: str | None = None
+    """Directory holding the IDX files (default: $MLPINTERP_DATA or ../shared/data/<dataset>)."""
+    smoke: bool = False
+    """Tiny configuration for CI (few steps, small width)."""
+    extra: dict = field(default_factory=dict)
+
+    def resolved(self) -> dict:
+        """Fill dataset defaults (and the smoke overrides) into a plain dict."""
+        if self.dataset not in DATASET_DEFAULTS:
+            raise ValueError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {self.dataset!r}")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        d = dict(DATASET_DEFAULTS[self.dataset])
+        d["warmup_steps"] = self.warmup_steps
+        if self.smoke:
+            d.update(SMOKE)
+        for k in ("steps", "d_hidden", "lr", "mc_samples"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if d["steps"] < 16:
+            raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
+        d["warmup_steps"] = min(d["warmup_steps"], d["steps"])
+        out = asdict(self)
+        out.update(d)
+        return out
+
+
+def _progress(quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    disable=quiet, transient=False)
+
+
+def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False) -> dict:
+    """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict."""
+    from mlpinterp.experiments.polynomial_plots import make_figures
+    from mlpinterp.experiments.polynomial_report import summarise, write_report
+
+    r = cfg.resolved()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", r)
+    t_start = time.perf_counter()
+    data = load_dataset(cfg.dataset, cfg.data_path)
+    mixture = GaussianMixture.from_labels(data.X_train, data.y_train)
+    gaussian = mixture.pooled()
+    mc = mixture.sample(r["mc_samples"], np.random.default_rng(12345))
+    inputs = EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, mc)
+
+    per_seed = []
+    for seed in range(cfg.seeds):
+        ccfg = ClassifierConfig(d_in=data.d_in, n_classes=data.n_classes, d_hidden=r["d_hidden"], arch=cfg.arch,
+                                activation=cfg.activation, lr=r["lr"], warmup_steps=r["warmup_steps"],
+                                steps=r["steps"], seed=seed)
+        ck_dir = out / f"seed{seed}" / "checkpoints"
+        train_classifier(ccfg, data, ck_dir, progress=not quiet)
+        per_seed.append(_evaluate_seed(out / f"seed{seed}", ck_dir, inputs, data, r, seed, quiet))
+
+    results = summarise(per_seed, r, data)
+    results["wall_seconds"] = time.perf_counter() - t_start
+    atomic_write_json(out / "results.json", results)
+    make_figures(results, per_seed, data, out / "figures")
+    write_report(results, out)
+    return results
+
+
+def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int, quiet: bool) -> dict:
+    ev_dir = seed_dir / "eval"
+    ev_dir.mkdir(parents=True, exist_ok=True)
+    ckpts = find_checkpoints(ck_dir)
+    curves = []
+    with _progress(quiet) as prog:
+        task = prog.add_task(f"seed {seed}: approximants", total=len(ckpts))
+        for step, path in ckpts:
+            f = ev_dir / f"step_{step:07d}.json"
+            if f.exists():
+                res = json.loads(f.read_text())
+            else:
+                model, meta = load_classifier(path)
+                res = evaluate_checkpoint(model.to_network(), inputs)
+                res["step"] = step
+                res["network"]["train_accuracy"] = meta.get("train_accuracy")
+                atomic_write_json(f, res)
+            curves.append(res)
+            prog.advance(task)
+
+    final_step, final_path = ckpts[-1]
+    attack_file = seed_dir / "attack.json"
+    feat_file = seed_dir / "features.npz"
+    if attack_file.exists() and feat_file.exists():
+        attack = json.loads(attack_file.read_text())
+    else:
+        model, _ = load_classifier(final_path)
+        net = model.to_network()
+        approx, _ = fit_approximants(net, inputs)
+        attack = svd_attack(net, approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
+                            k_max=r["attack_k"], seed=seed)
+        atomic_write_json(attack_file, attack)
+        _save_features(feat_file, ck_dir, inputs, [s for s, _ in ckpts])
+    return {"seed": seed, "curves": curves, "attack": attack, "features": str(feat_file)}
+
+
+def _save_features(path: Path, ck_dir: Path, inputs: EvalInputs, steps: list[int], n_eig: int = 2) -> None:
+    """Linear coefficient rows and top quadratic eigenvectors (mixture approximants) at 3 checkpoints."""
+    pick = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
+    arrays: dict[str, np.ndarray] = {"steps": np.array(pick)}
+    for s in pick:
+        model, _ = load_classifier(ck_dir / f"step_{s:07d}.safetensors")
+        approx, _ = fit_approximants(model.to_network(), inputs)
+        arrays[f"linear_{s}"] = approx["linear_mixture"].coefficients(1)
+        spec = quadratic_spectrum(approx["quadratic_mixture"])
+        arrays[f"eigvals_{s}"] = spec.eigenvalues[:, :n_eig]
+        arrays[f"eigvecs_{s}"] = np.transpose(spec.eigenvectors[:, :, :n_eig], (0, 2, 1))
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)

@@ -1,0 +1,236 @@
+"""Gaussian and Gaussian-mixture input distributions.
+
+The approximants of Rigg & Belrose (2025, arXiv 2502.01032, §3) are least-squares optimal under
+an input law; this module holds the laws. Covariances may be singular (real image data has
+constant pixels): the approximant is then defined on the support ``mean + range(cov)`` and,
+off the support, by orthogonal projection onto it (the minimum-norm solution, as ``lstsq`` gives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlpinterp.utils.validation import check_shape, to_numpy
+
+#: Relative tolerance (w.r.t. the largest eigenvalue) below which an eigenvalue counts as zero
+#: and above which a negative eigenvalue makes a covariance non-PSD.
+PSD_RTOL = 1e-10
+
+
+def _check_cov(cov: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Symmetrise-check ``cov`` and return ``(cov, eigvals, eigvecs)`` with tiny negatives clipped."""
+    scale = max(float(np.max(np.abs(cov))), 1e-300)
+    asym = float(np.max(np.abs(cov - cov.T))) if cov.size else 0.0
+    if asym > 1e-8 * scale:
+        raise ValueError(f"{name} must be symmetric; max |cov - cov.T| = {asym:.3g}")
+    cov = 0.5 * (cov + cov.T)
+    w, v = np.linalg.eigh(cov)
+    top = max(float(w[-1]) if w.size else 0.0, 0.0)
+    if w.size and w[0] < -PSD_RTOL * max(top, 1e-300) and w[0] < -1e-14:
+        raise ValueError(
+            f"{name} must be positive semi-definite; smallest eigenvalue {w[0]:.3g} "
+            f"(largest {top:.3g})"
+        )
+    w = np.where(w < PSD_RTOL * top, 0.0, w)
+    return cov, w, v
+
+
+@dataclass(frozen=True, eq=False)
+class Gaussian:
+    """Multivariate normal law N(mean, cov) on R^d; cov may be singular.
+
+    Parameters
+    ----------
+    mean : array ``[d]`` (numpy or torch)
+    cov : array ``[d, d]``, symmetric positive semi-definite
+
+    Raises
+    ------
+    ValueError
+        Non-finite entries, wrong shapes, asymmetric or non-PSD ``cov``.
+
+    Attributes
+    ----------
+    factor : ``[d, r]`` matrix L with ``cov = L L^T`` (r = rank), so ``x = mean + L u``, ``u ~ N(0, I_r)``.
+    support : ``[d, r]`` orthonormal basis of ``range(cov)``.
+    """
+
+    mean: np.ndarray
+    cov: np.ndarray
+    factor: np.ndarray = field(init=False, repr=False)
+    support: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        mean = to_numpy(self.mean, "mean")
+        if mean.ndim != 1:
+            raise ValueError(f"mean must have shape [d], got {list(mean.shape)}")
+        d = mean.shape[0]
+        cov = check_shape(to_numpy(self.cov, "cov"), "cov", (d, d))
+        cov, w, v = _check_cov(cov, "cov")
+        keep = w > 0
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "cov", cov)
+        object.__setattr__(self, "factor", v[:, keep] * np.sqrt(w[keep]))
+        object.__setattr__(self, "support", v[:, keep])
+
+    @property
+    def d(self) -> int:
+        """Dimension d."""
+        return self.mean.shape[0]
+
+    @property
+    def rank(self) -> int:
+        """Rank of the covariance (dimension of the support)."""
+        return self.factor.shape[1]
+
+    @property
+    def is_singular(self) -> bool:
+        return self.rank < self.d
+
+    @classmethod
+    def standard(cls, d: int) -> Gaussian:
+        """N(0, I_d)."""
+        return cls(np.zeros(d), np.eye(d))
+
+    @classmethod
+    def from_data(cls, X, *, shrinkage: float = 0.0) -> Gaussian:
+        """Moment-matched Gaussian of samples ``X [n, d]`` (mean and biased covariance).
+
+        ``shrinkage`` in [0, 1) mixes the covariance with ``mean(diag) * I`` (Ledoit-Wolf style),
+        which makes it non-singular. Raises ``ValueError`` for fewer than 2 samples.
+        """
+        X = to_numpy(X, "X")
+        if X.ndim != 2 or X.shape[0] < 2:
+            raise ValueError(f"X must have shape [n >= 2, d], got {list(X.shape)}")
+        if not 0.0 <= shrinkage < 1.0:
+            raise ValueError(f"shrinkage must be in [0, 1), got {shrinkage}")
+        mean = X.mean(0)
+        Xc = X - mean
+        cov = Xc.T @ Xc / X.shape[0]
+        if shrinkage:
+            cov = (1 - shrinkage) * cov + shrinkage * np.trace(cov) / cov.shape[0] * np.eye(cov.shape[0])
+        return cls(mean, cov)
+
+    def sample(self, n: int, generator: np.random.Generator | int | None = None) -> np.ndarray:
+        """Draw ``[n, d]`` samples (float64). ``generator``: a numpy Generator or a seed."""
+        rng = np.random.default_rng(generator)
+        u = rng.standard_normal((n, self.rank))
+        return self.mean + u @ self.factor.T
+
+    def project_to_support(self, X: np.ndarray) -> np.ndarray:
+        """Orthogonal projection of ``X [n, d]`` onto the affine support ``mean + range(cov)``."""
+        P = self.support
+        return self.mean + ((X - self.mean) @ P) @ P.T
+
+
+@dataclass(frozen=True, eq=False)
+class GaussianMixture:
+    """Finite Gaussian mixture sum_k weights[k] N(means[k], covs[k]).
+
+    Parameters
+    ----------
+    weights : ``[K]``, non-negative, summing to 1 (tolerance 1e-8)
+    means : ``[K, d]``
+    covs : ``[K, d, d]``, each symmetric PSD (singular allowed)
+
+    Raises
+    ------
+    ValueError
+        Wrong or mismatched shapes, non-finite values, weights not a probability vector,
+        a component covariance that is not symmetric PSD (the message names ``covs[k]``).
+    """
+
+    weights: np.ndarray
+    means: np.ndarray
+    covs: np.ndarray
+    components: tuple[Gaussian, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        w = to_numpy(self.weights, "weights")
+        if w.ndim != 1 or w.shape[0] < 1:
+            raise ValueError(f"weights must have shape [K] with K >= 1, got {list(w.shape)}")
+        K = w.shape[0]
+        means = to_numpy(self.means, "means")
+        if means.ndim != 2 or means.shape[0] != K:
+            raise ValueError(f"means must have shape [K={K}, d], got {list(means.shape)}")
+        d = means.shape[1]
+        covs = check_shape(to_numpy(self.covs, "covs"), "covs", (K, d, d))
+        if np.any(w < 0):
+            raise ValueError(f"weights must be non-negative, got min {w.min():.3g}")
+        if abs(w.sum() - 1.0) > 1e-8:
+            raise ValueError(f"weights must sum to 1, got sum {w.sum():.12g}")
+        comps = []
+        for k in range(K):
+            try:
+                comps.append(Gaussian(means[k], covs[k]))
+            except ValueError as e:
+                raise ValueError(str(e).replace("cov", f"covs[{k}]", 1)) from None
+        object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "means", means)
+        object.__setattr__(self, "covs", np.stack([c.cov for c in comps]))
+        object.__setattr__(self, "components", tuple(comps))
+
+    @property
+    def d(self) -> int:
+        return self.means.shape[1]
+
+    @property
+    def K(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def mean(self) -> np.ndarray:
+        """Mixture mean ``[d]``."""
+        return self.weights @ self.means
+
+    @property
+    def cov(self) -> np.ndarray:
+        """Mixture covariance ``[d, d]`` by the law of total covariance."""
+        mu = self.mean
+        dm = self.means - mu
+        return np.einsum("k,kij->ij", self.weights, self.covs) + np.einsum("k,ki,kj->ij", self.weights, dm, dm)
+
+    def pooled(self) -> Gaussian:
+        """The moment-matched single Gaussian N(mixture mean, mixture covariance)."""
+        return Gaussian(self.mean, self.cov)
+
+    @classmethod
+    def from_labels(cls, X, y, *, shrinkage: float = 0.0) -> GaussianMixture:
+        """Class-conditional mixture: one component per label with the class's frequency, mean, covariance.
+
+        ``X [n, d]``, ``y [n]`` integer labels. Classes with fewer than 2 samples raise ``ValueError``.
+        Class covariances of real images are typically singular; that is supported.
+        """
+        X = to_numpy(X, "X")
+        y = np.asarray(y)
+        if X.ndim != 2:
+            raise ValueError(f"X must have shape [n, d], got {list(X.shape)}")
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError(f"y must have shape [n={X.shape[0]}], got {list(y.shape)}")
+        labels, counts = np.unique(y, return_counts=True)
+        if np.any(counts < 2):
+            raise ValueError(f"every class needs >= 2 samples; class {labels[counts < 2][0]} has fewer")
+        means, covs = [], []
+        for lab in labels:
+            g = Gaussian.from_data(X[y == lab], shrinkage=shrinkage)
+            means.append(g.mean)
+            covs.append(g.cov)
+        return cls(counts / counts.sum(), np.stack(means), np.stack(covs))
+
+    def sample(
+        self, n: int, generator: np.random.Generator | int | None = None, *, return_labels: bool = False
+    ):
+        """Draw ``[n, d]`` samples; with ``return_labels`` also the ``[n]`` component indices."""
+        rng = np.random.default_rng(generator)
+        z = rng.choice(self.K, size=n, p=self.weights)
+        X = np.empty((n, self.d))
+        for k, comp in enumerate(self.components):
+            idx = np.flatnonzero(z == k)
+            if idx.size:
+                X[idx] = comp.sample(idx.size, rng)
+        return (X, z) if return_labels else X
+
+
+Distribution = Gaussian | GaussianMixture

@@ -1,0 +1,81 @@
+"""Probabilists' Hermite polynomials He_k and monomial <-> Hermite change of basis.
+
+He_0 = 1, He_1 = z, He_{k+1}(z) = z He_k(z) - k He_{k-1}(z); they are orthogonal under N(0, 1) with
+E[He_j(Z) He_k(Z)] = k! [j == k] (Abramowitz & Stegun 22.2.15, 22.7.14). Rigg & Belrose (2025,
+arXiv 2502.01032, Sec. 3) expand each neuron's activation in this basis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mlpinterp.utils.validation import to_numpy
+
+__all__ = ["hermite_he", "hermite_to_monomial", "monomial_to_hermite"]
+
+
+def _check_degree(n, name: str = "n") -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{name} must be a non-negative int, got {type(n).__name__} ({n!r})")
+    if n < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {n}")
+    return int(n)
+
+
+def hermite_he(n: int, z) -> np.ndarray:
+    """Evaluate He_0(z), ..., He_n(z) by the three-term recurrence (stable in the forward direction).
+
+    Args:
+        n: highest degree, ``n >= 0``.
+        z: array of any shape ``[...]`` (numpy, torch or nested sequence), finite.
+
+    Returns:
+        float64 array ``[..., n + 1]`` with ``out[..., k] = He_k(z)``.
+
+    Raises:
+        TypeError: ``n`` not an int, ``z`` not numeric.
+        ValueError: ``n < 0`` or ``z`` contains NaN / inf.
+    """
+    n = _check_degree(n)
+    z = to_numpy(z, "z")
+    out = np.empty(z.shape + (n + 1,), dtype=np.float64)
+    out[..., 0] = 1.0
+    if n >= 1:
+        out[..., 1] = z
+    for k in range(1, n):
+        out[..., k + 1] = z * out[..., k] - k * out[..., k - 1]
+    return out
+
+
+def hermite_to_monomial(n: int) -> np.ndarray:
+    """Matrix ``H [n + 1, n + 1]`` with ``He_k(z) = sum_i H[k, i] z**i`` (lower triangular, integer entries).
+
+    Explicitly H[k, k - 2m] = (-1)^m k! / (m! (k - 2m)! 2^m) (A&S 22.3.11).
+
+    Raises:
+        TypeError / ValueError: ``n`` not a non-negative int.
+    """
+    n = _check_degree(n)
+    H = np.zeros((n + 1, n + 1))
+    for k in range(n + 1):
+        for m in range(k // 2 + 1):
+            H[k, k - 2 * m] = (-1) ** m * math.factorial(k) / (math.factorial(m) * math.factorial(k - 2 * m) * 2**m)
+    return H
+
+
+def monomial_to_hermite(n: int) -> np.ndarray:
+    """Matrix ``M [n + 1, n + 1]`` with ``z**i = sum_k M[i, k] He_k(z)``; ``M`` is the inverse of ``H``.
+
+    Explicitly M[i, i - 2m] = i! / (m! (i - 2m)! 2^m) >= 0, i.e. E[Z^i He_k(Z)] / k! (A&S 22.5.18 form).
+
+    Raises:
+        TypeError / ValueError: ``n`` not a non-negative int.
+    """
+    n = _check_degree(n)
+    M = np.zeros((n + 1, n + 1))
+    for i in range(n + 1):
+        for m in range(i // 2 + 1):
+            M[i, i - 2 * m] = math.factorial(i) / (math.factorial(m) * math.factorial(i - 2 * m) * 2**m)
+    return M

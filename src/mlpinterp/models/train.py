@@ -1,0 +1,412 @@
+"""Training one-hidden-layer classifiers with schedule-free AdamW and resumable, atomic checkpoints.
+
+Follows Rigg & Belrose (2025, arXiv 2502.01032, §4): schedule-free AdamW (Defazio et al. 2024,
+``schedulefree.AdamWScheduleFree``), linear warm-up, batch 64, weight decay 0.1, checkpoints at
+log-spaced steps. Each checkpoint stores the *evaluation* weights x (the schedule-free average),
+which are the weights a user should analyse.
+
+Files in ``out_dir``:
+
+* ``step_{step:07d}.safetensors`` + ``.json``: model weights (eval mode) and metadata (step, seed,
+  train/test accuracy, train/test loss in nats, config, dataset, cumulative wall time);
+* ``optim_{step:07d}.safetensors`` + ``.json``: the training state (train-mode weights y, the
+  optimiser's z and second moments, its step counter and weight sums). Only the newest is kept.
+
+Determinism and resumption: the batch order of epoch ``e`` is a permutation drawn from
+``numpy.random.default_rng([seed, e])`` (a pure function of the seed and the epoch, so no
+generator state needs saving), the initialisation uses ``torch.manual_seed(seed)`` in a forked RNG,
+and evaluating at a checkpoint restores the train-mode weights bit for bit. Hence re-running
+``train_classifier`` on the same ``out_dir`` after an interruption, or with a larger ``steps``,
+yields weights bit-identical to one uninterrupted run (same device and torch build).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import schedulefree
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mlpinterp.data.dataset import Dataset
+from mlpinterp.models.classifier import Classifier, ClassifierConfig
+from mlpinterp.utils.io import load_tensors, save_tensors
+
+CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
+"""``format`` field of checkpoint metadata."""
+
+_STEP_RE = re.compile(r"^step_(\d{7,})\.json$")
+_EVAL_CHUNK = 8192
+
+
+def checkpoint_steps(max_steps: int) -> list[int]:
+    """Log-spaced checkpoint steps: ``2^k`` and ``1.5 * 2^k`` for ``k >= 4``, up to ``max_steps``.
+
+    Returns the sorted list ``[16, 24, 32, 48, 64, 96, ...]`` truncated at ``max_steps`` and always
+    ending with ``max_steps`` itself (e.g. ``checkpoint_steps(200) == [16, 24, 32, 48, 64, 96, 128,
+    192, 200]``; ``checkpoint_steps(10) == [10]``).
+
+    Raises ``ValueError`` unless ``max_steps`` is a positive int.
+    """
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+    max_steps = int(max_steps)
+    out = []
+    k = 4
+    while 2**k <= max_steps:
+        out.append(2**k)
+        if 3 * 2 ** (k - 1) <= max_steps:
+            out.append(3 * 2 ** (k - 1))
+        k += 1
+    if not out or out[-1] != max_steps:
+        out.append(max_steps)
+    return out
+
+
+def checkpoint_path(out_dir: str | os.PathLike, step: int) -> Path:
+    """``out_dir/step_{step:07d}.safetensors``."""
+    return Path(out_dir) / f"step_{step:07d}.safetensors"
+
+
+def _optim_path(out_dir: Path, step: int) -> Path:
+    return out_dir / f"optim_{step:07d}.safetensors"
+
+
+def find_checkpoints(out_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``out_dir`` as sorted ``(step, safetensors_path)`` pairs.
+
+    A checkpoint is complete when both ``step_N.safetensors`` and ``step_N.json`` exist (the JSON is
+    written last, atomically). Returns ``[]`` if ``out_dir`` does not exist.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    found = []
+    for p in out_dir.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.with_suffix(".safetensors").is_file():
+            found.append((int(m.group(1)), p.with_suffix(".safetensors")))
+    return sorted(found)
+
+
+def _batch_indices(seed: int, n: int, batch_size: int, step: int, cache: dict) -> np.ndarray:
+    """Indices of the batch used at 0-based ``step``: epoch-wise permutations, last partial batch dropped."""
+    per_epoch = n // batch_size
+    epoch, j = divmod(step, per_epoch)
+    if cache.get("epoch") != epoch:
+        cache["epoch"] = epoch
+        cache["perm"] = np.random.default_rng([seed, epoch]).permutation(n)
+    return cache["perm"][j * batch_size : (j + 1) * batch_size]
+
+
+@torch.no_grad()
+def _evaluate(model: Classifier, X: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Accuracy (fraction) and mean cross-entropy (nats) over the whole split."""
+    correct = 0
+    loss = 0.0
+    for i in range(0, X.shape[0], _EVAL_CHUNK):
+        logits = model(X[i : i + _EVAL_CHUNK])
+        yy = y[i : i + _EVAL_CHUNK]
+        correct += int((logits.argmax(1) == yy).sum())
+        loss += float(nn.functional.cross_entropy(logits.double(), yy, reduction="sum"))
+    return correct / X.shape[0], loss / X.shape[0]
+
+
+def _optimizer_tensors(model: Classifier, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Flatten the train-mode weights and the optimiser state into safetensors + JSON parts."""
+    sd = opt.state_dict()
+    tensors = {f"y.{name}": p.detach().clone() for name, p in model.named_parameters()}
+    scalars: dict = {}
+    for idx, st in sd["state"].items():
+        for key, val in st.items():
+            if isinstance(val, torch.Tensor):
+                tensors[f"state.{idx}.{key}"] = val
+            else:
+                scalars.setdefault(str(idx), {})[key] = val
+    return tensors, {"param_groups": sd["param_groups"], "state_scalars": scalars}
+
+
+def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path) -> None:
+    tensors, meta = load_tensors(path)
+    try:
+        state: dict = {}
+        for key, val in tensors.items():
+            if key.startswith("state."):
+                _, idx, name = key.split(".", 2)
+                state.setdefault(int(idx), {})[name] = val
+        for idx, sc in meta["state_scalars"].items():
+            state.setdefault(int(idx), {}).update(sc)
+        groups = meta["param_groups"]
+        for g in groups:
+            g["betas"] = tuple(g["betas"])
+        opt.load_state_dict({"state": state, "param_groups": groups})
+        with torch.no_grad():
+            params = dict(model.named_parameters())
+            if set(params) != {k[2:] for k in tensors if k.startswith("y.")}:
+                raise KeyError("train-mode weights do not match the model's parameters")
+            for name, p in params.items():
+                p.copy_(tensors[f"y.{name}"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise ValueError(
+            f"optimizer state {str(path)!r} is invalid or does not match the config ({e})"
+        ) from e
+    for g in opt.param_groups:
+        g["train_mode"] = True
+
+
+def _read_meta(json_path: Path) -> dict:
+    try:
+        return json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"checkpoint metadata {str(json_path)!r} is not valid JSON ({e})") from e
+
+
+def _same_run(meta: dict, cfg: ClassifierConfig, data: Dataset) -> str | None:
+    """``None`` if a checkpoint's metadata belongs to this run (ignoring ``steps``), else the reason."""
+    saved = dict(meta.get("config") or {})
+    want = cfg.to_dict()
+    saved.pop("steps", None)
+    want.pop("steps")
+    diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
+    if diff:
+        return "config differs in " + ", ".join(f"{k}: {saved.get(k)!r} != {want.get(k)!r}" for k in diff)
+    if meta.get("dataset") != data.name:
+        return f"dataset {meta.get('dataset')!r} != {data.name!r}"
+    return None
+
+
+def train_classifier(
+    cfg: ClassifierConfig,
+    data: Dataset,
+    out_dir: str | os.PathLike,
+    *,
+    progress: bool = True,
+    device: str | torch.device = "cpu",
+) -> list[Path]:
+    """Train a classifier on ``data`` and write checkpoints at :func:`checkpoint_steps` ``(cfg.steps)``.
+
+    Minimises the mean cross-entropy of ``Classifier(cfg)`` with ``schedulefree.AdamWScheduleFree``
+    (``lr``, ``weight_decay``, ``warmup_steps`` from ``cfg``, betas (0.9, 0.999)) on batches of
+    ``cfg.batch_size`` drawn epoch by epoch without replacement. At each checkpoint step the
+    schedule-free average x is evaluated on the full train and test sets and saved; training then
+    continues from the unchanged train-mode weights.
+
+    Re-running with the same ``out_dir`` resumes from the newest complete checkpoint that has its
+    training state, skipping finished work (a finished run returns at once); the result is
+    bit-identical to an uninterrupted run. ``cfg.steps`` may be raised between runs to extend
+    training; every other field must match the checkpoints already in ``out_dir``.
+
+    Parameters
+    ----------
+    cfg
+        Architecture and hyper-parameters; ``cfg.d_in``/``cfg.n_classes`` must match ``data``.
+    data
+        Training and test data.
+    out_dir
+        Directory for the checkpoints (created if needed).
+    progress
+        Show a tqdm progress bar (with the latest test accuracy).
+    device
+        Torch device for training; checkpoints are stored on CPU.
+
+    Returns
+    -------
+    list[Path]
+        The ``step_*.safetensors`` paths of this run's checkpoint steps, in step order.
+
+    Raises
+    ------
+    TypeError
+        ``cfg`` or ``data`` of the wrong type.
+    ValueError
+        ``cfg`` does not match ``data`` (d_in, n_classes), fewer training examples than
+        ``batch_size``, ``out_dir`` holds checkpoints of a different run, or a resumed checkpoint
+        is corrupt.
+    """
+    if not isinstance(cfg, ClassifierConfig):
+        raise TypeError(f"cfg must be a ClassifierConfig, got {type(cfg).__name__}")
+    if not isinstance(data, Dataset):
+        raise TypeError(f"data must be a mlpinterp.data.Dataset, got {type(data).__name__}")
+    if cfg.d_in != data.d_in or cfg.n_classes != data.n_classes:
+        raise ValueError(
+            f"cfg (d_in={cfg.d_in}, n_classes={cfg.n_classes}) does not match data {data.name!r} "
+            f"(d_in={data.d_in}, n_classes={data.n_classes})"
+        )
+    if data.n_train < cfg.batch_size:
+        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {data.n_train} training examples")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    targets = checkpoint_steps(cfg.steps)
+    paths = [checkpoint_path(out_dir, s) for s in targets]
+
+    # Existing checkpoints must belong to this run; find the newest one we can resume from.
+    existing = find_checkpoints(out_dir)
+    resume_step, resume_meta = 0, None
+    for step, path in existing:
+        meta = _read_meta(path.with_suffix(".json"))
+        reason = _same_run(meta, cfg, data)
+        if reason is not None:
+            raise ValueError(
+                f"out_dir {str(out_dir)!r} holds checkpoint {path.name} of another run: {reason}"
+            )
+        if (
+            step <= cfg.steps
+            and _optim_path(out_dir, step).is_file()
+            and _optim_path(out_dir, step).with_suffix(".json").is_file()
+        ):
+            resume_step, resume_meta = step, meta
+    done = {s for s, _ in existing}
+    if all(s in done for s in targets):
+        return paths
+
+    model = Classifier(cfg).to(device)
+    opt = schedulefree.AdamWScheduleFree(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps
+    )
+    wall0 = 0.0
+    if resume_step > 0:
+        _restore_optimizer(model, opt, _optim_path(out_dir, resume_step))
+        wall0 = float(resume_meta.get("wall_time_s", 0.0))
+    else:
+        opt.train()
+    model.train()
+
+    X_train = torch.tensor(data.X_train, device=device)
+    y_train = torch.tensor(data.y_train, device=device)
+    X_test = torch.tensor(data.X_test, device=device)
+    y_test = torch.tensor(data.y_test, device=device)
+    perm_cache: dict = {}
+    todo = set(targets)
+    t_start = time.perf_counter()
+    bar = tqdm(
+        total=cfg.steps, initial=resume_step, disable=not progress, desc=f"train {data.name}", unit="step"
+    )
+    try:
+        for t in range(resume_step, cfg.steps):
+            idx = torch.from_numpy(_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(
+                device
+            )
+            loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            bar.update(1)
+            step = t + 1
+            if step in todo:
+                metrics = _checkpoint(
+                    model,
+                    opt,
+                    cfg,
+                    data,
+                    out_dir,
+                    step,
+                    (X_train, y_train, X_test, y_test),
+                    wall0 + time.perf_counter() - t_start,
+                )
+                bar.set_postfix(test_acc=f"{metrics['test_accuracy']:.4f}")
+    finally:
+        bar.close()
+    return paths
+
+
+def _checkpoint(model, opt, cfg, data, out_dir, step, tensors, wall) -> dict:
+    """Save the training state, then the eval-mode weights + metrics; restore train mode exactly."""
+    X_train, y_train, X_test, y_test = tensors
+    opt_tensors, opt_meta = _optimizer_tensors(model, opt)
+    optim_path = _optim_path(out_dir, step)
+    save_tensors(optim_path, opt_tensors, {"step": step, **opt_meta})
+    y_weights = [p.detach().clone() for p in model.parameters()]
+    opt.eval()  # parameters <- schedule-free average x
+    model.eval()
+    train_acc, train_loss = _evaluate(model, X_train, y_train)
+    test_acc, test_loss = _evaluate(model, X_test, y_test)
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "seed": cfg.seed,
+        "train_accuracy": train_acc,
+        "train_loss": train_loss,
+        "test_accuracy": test_acc,
+        "test_loss": test_loss,
+        "config": cfg.to_dict(),
+        "dataset": data.name,
+        "dataset_description": data.description,
+        "wall_time_s": wall,
+        "torch_version": torch.__version__,
+    }
+    save_tensors(checkpoint_path(out_dir, step), dict(model.state_dict()), meta)
+    with torch.no_grad():  # back to the exact train-mode weights y (no lerp round trip)
+        for p, y in zip(model.parameters(), y_weights, strict=True):
+            p.copy_(y)
+    for g in opt.param_groups:
+        g["train_mode"] = True
+    model.train()
+    for p in out_dir.glob("optim_*.safetensors"):  # keep only the newest training state
+        m = re.match(r"^optim_(\d+)\.safetensors$", p.name)
+        if m and int(m.group(1)) < step:
+            p.unlink(missing_ok=True)
+            p.with_suffix(".json").unlink(missing_ok=True)
+    return meta
+
+
+def load_classifier(
+    path: str | os.PathLike, config: ClassifierConfig | None = None
+) -> tuple[Classifier, dict]:
+    """Load a checkpoint written by :func:`train_classifier`.
+
+    Parameters
+    ----------
+    path
+        ``step_N.safetensors`` (or its ``.json`` sibling, or the path without suffix).
+    config
+        If given, the checkpoint's config must equal it.
+
+    Returns
+    -------
+    (Classifier, dict)
+        The model in eval mode on CPU holding the schedule-free average weights, and the metadata.
+
+    Raises
+    ------
+    FileNotFoundError
+        Missing ``.safetensors`` or ``.json`` file.
+    ValueError
+        Corrupt/truncated file, metadata without a valid config, tensors whose names or shapes do not
+        match the config, non-finite weights, or a config different from ``config``.
+    """
+    path = Path(path)
+    if path.suffix in (".json", ""):
+        path = path.with_suffix(".safetensors")
+    if not path.with_suffix(".json").is_file():
+        raise FileNotFoundError(f"checkpoint metadata {str(path.with_suffix('.json'))!r} does not exist")
+    tensors, meta = load_tensors(path)
+    if not isinstance(meta, dict) or "config" not in meta:
+        raise ValueError(f"checkpoint metadata {str(path.with_suffix('.json'))!r} has no 'config'")
+    cfg = ClassifierConfig.from_dict(meta["config"])
+    if config is not None:
+        if not isinstance(config, ClassifierConfig):
+            raise TypeError(f"config must be a ClassifierConfig or None, got {type(config).__name__}")
+        if config != cfg:
+            a, b = cfg.to_dict(), config.to_dict()
+            diff = ", ".join(f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k])
+            raise ValueError(f"checkpoint {str(path)!r} config mismatch ({diff})")
+    model = Classifier(cfg)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if want != got:
+        raise ValueError(
+            f"checkpoint {str(path)!r} tensors {got} do not match its config, which needs {want}"
+        )
+    for k, v in tensors.items():
+        if not torch.isfinite(v).all():
+            raise ValueError(f"checkpoint {str(path)!r} tensor {k!r} has non-finite values")
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})
+    model.eval()
+    return model, meta

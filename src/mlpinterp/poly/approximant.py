@@ -1,0 +1,302 @@
+"""Polynomial approximant objects.
+
+* ``RidgePolynomial``: the exact single-Gaussian approximant in factored form (any degree, O(n d_hidden)
+  per input, never a ``d_in^n`` tensor):
+
+      p(x) = b2 + W2 h(x),   h_j(x) = sum_{k<=n} D[j,k] He_k(z_j) + eps_j(x) sum_{k<n} E[j,k] He_k(z_j),
+      z_j = A_j . (x - center),   eps_j = G_j . (x - center)          (eps only for GLUs)
+
+* ``DensePolynomial``: explicit symmetric coefficient tensors ``[d_out] , [d_out, d_in], [d_out, d_in, d_in], ...``
+  (used for Gaussian-mixture approximants and by materialising a ``RidgePolynomial``).
+
+Both are callable on ``X [n, d_in]`` -> ``[n, d_out]`` and expose ``coefficients(k)``, ``degree``,
+``to_module()`` and ``save(path)``. Coefficients are in raw input coordinates: p(x) = sum_k T_k[x, ..., x].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlpinterp.gaussian.hermite import hermite_he, hermite_to_monomial
+from mlpinterp.utils.validation import to_numpy
+
+#: Largest number of float64 entries ``coefficients(k)`` will materialise (2 GiB).
+MAX_TENSOR_ENTRIES = 2**28
+
+
+def _check_materialise(d_out: int, d_in: int, k: int) -> None:
+    size = d_out * d_in**k
+    if size > MAX_TENSOR_ENTRIES:
+        raise ValueError(
+            f"the degree-{k} coefficient tensor has d_out * d_in^{k} = {d_out} * {d_in}^{k} = {size:.3g} entries, "
+            f"more than MAX_TENSOR_ENTRIES = {MAX_TENSOR_ENTRIES:.3g}; evaluate the approximant in factored form "
+            "(call it on inputs) instead"
+        )
+
+
+def _inputs(X, d_in: int) -> tuple[np.ndarray, bool]:
+    X = to_numpy(X, "X")
+    single = X.ndim == 1
+    if single:
+        X = X[None]
+    if X.ndim != 2 or X.shape[1] != d_in:
+        raise ValueError(f"X must have shape [n, d_in={d_in}], got {list(X.shape)}")
+    return X, single
+
+
+def _sym_outer(G: np.ndarray, A: np.ndarray, r: int, weights: np.ndarray) -> np.ndarray:
+    """sum_j weights[o, j] * Sym(G_j (x) A_j^{(x)(r-1)}) -> ``[d_out, d_in^r]`` (r <= 2 fast path, else einsum)."""
+    if r == 1:
+        return weights @ G
+    if r == 2:
+        T = np.einsum("oj,ja,jb->oab", weights, G, A, optimize=True)
+        return 0.5 * (T + np.swapaxes(T, 1, 2))
+    letters = "abcdefgh"[:r]
+    ops = ["oj", "j" + letters[0]] + ["j" + c for c in letters[1:]]
+    T = np.einsum(",".join(ops) + "->o" + letters, weights, G, *([A] * (r - 1)), optimize=True)
+    return _symmetrise(T)
+
+
+def _symmetrise(T: np.ndarray) -> np.ndarray:
+    """Average ``T [o, d, ..., d]`` over all permutations of its trailing axes."""
+    import itertools
+
+    r = T.ndim - 1
+    perms = list(itertools.permutations(range(1, r + 1)))
+    return sum(np.transpose(T, (0,) + p) for p in perms) / len(perms)
+
+
+def _power_outer(A: np.ndarray, r: int, weights: np.ndarray) -> np.ndarray:
+    """sum_j weights[o, j] A_j^{(x) r} -> ``[d_out, d_in^r]``."""
+    if r == 0:
+        return weights.sum(1)
+    if r == 1:
+        return weights @ A
+    if r == 2:
+        # [o, d, h] @ [h, d]
+        return np.matmul(A.T[None, :, :] * weights[:, None, :], A)
+    letters = "abcdefgh"[:r]
+    ops = ["oj"] + ["j" + c for c in letters]
+    return np.einsum(",".join(ops) + "->o" + letters, weights, *([A] * r), optimize=True)
+
+
+@dataclass(frozen=True, eq=False)
+class RidgePolynomial:
+    """Factored degree-n polynomial (see module docstring). Produced by ``fit_polynomial`` under one Gaussian.
+
+    Attributes
+    ----------
+    center : ``[d_in]`` expansion point (the Gaussian mean)
+    A : ``[d_hidden, d_in]`` standardised pre-activation directions (zero rows for constant neurons)
+    D : ``[d_hidden, n+1]`` Hermite coefficients of each neuron's ridge part
+    W2 : ``[d_out, d_hidden]``, b2 : ``[d_out]``
+    G : ``[d_hidden, d_in]`` or None, gate-residual directions (GLU only)
+    E : ``[d_hidden, n]`` or None, Hermite coefficients multiplying the gate residual (GLU only)
+    info : dict of provenance (network type, activation, distribution, method)
+    """
+
+    center: np.ndarray
+    A: np.ndarray
+    D: np.ndarray
+    W2: np.ndarray
+    b2: np.ndarray
+    G: np.ndarray | None = None
+    E: np.ndarray | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def degree(self) -> int:
+        return self.D.shape[1] - 1
+
+    d_in = property(lambda self: self.A.shape[1])
+    d_out = property(lambda self: self.W2.shape[0])
+    d_hidden = property(lambda self: self.A.shape[0])
+
+    def hidden(self, X, *, chunk: int = 4096) -> np.ndarray:
+        """The polynomial hidden units ``h(x)``: ``[n, d_hidden]``."""
+        X, _ = _inputs(X, self.d_in)
+        out = np.empty((X.shape[0], self.d_hidden))
+        n = self.degree
+        for s in range(0, X.shape[0], chunk):
+            Xc = X[s : s + chunk] - self.center
+            He = hermite_he(n, Xc @ self.A.T)  # [b, h, n+1]
+            h = np.einsum("bjk,jk->bj", He, self.D)
+            if self.G is not None and n >= 1:
+                h += (Xc @ self.G.T) * np.einsum("bjk,jk->bj", He[..., :n], self.E)
+            out[s : s + chunk] = h
+        return out
+
+    def __call__(self, X) -> np.ndarray:
+        X, single = _inputs(X, self.d_in)
+        out = self.hidden(X) @ self.W2.T + self.b2
+        return out[0] if single else out
+
+    def _monomial_weights(self, r: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per-neuron scalars gamma_j, delta_j of the degree-r part (see module docstring)."""
+        n = self.degree
+        H = hermite_to_monomial(n)  # He_k = sum_i H[k, i] z^i
+        a0 = -(self.A @ self.center)  # z_j = A_j.x + a0_j
+        P = self.D @ H  # [h, n+1] monomial coefficients in z
+        i = np.arange(n + 1)
+        binom_r = np.array([math.comb(int(t), r) if t >= r else 0 for t in i], dtype=np.float64)
+        pw = np.where(i >= r, a0[:, None] ** np.maximum(i - r, 0), 0.0)
+        gamma = (P * binom_r * pw).sum(1)
+        if self.G is None or n == 0:
+            return gamma, None
+        Q = self.E @ H[:n, :n]  # [h, n]
+        g0 = -(self.G @ self.center)
+        i2 = np.arange(n)
+        b_r = np.array([math.comb(int(t), r) if t >= r else 0 for t in i2], dtype=np.float64)
+        pw_r = np.where(i2 >= r, a0[:, None] ** np.maximum(i2 - r, 0), 0.0)
+        gamma = gamma + g0 * (Q * b_r * pw_r).sum(1)
+        if r == 0:
+            return gamma, None
+        b_r1 = np.array([math.comb(int(t), r - 1) if t >= r - 1 else 0 for t in i2], dtype=np.float64)
+        pw_r1 = np.where(i2 >= r - 1, a0[:, None] ** np.maximum(i2 - r + 1, 0), 0.0)
+        delta = (Q * b_r1 * pw_r1).sum(1)
+        return gamma, delta
+
+    def coefficients(self, k: int) -> np.ndarray:
+        """Symmetric degree-k coefficient tensor in raw input coordinates.
+
+        Returns ``[d_out]`` (k=0), ``[d_out, d_in]`` (k=1), ``[d_out, d_in, d_in]`` (k=2), ...
+        Raises ``ValueError`` if k is outside [0, degree] or the tensor would exceed ``MAX_TENSOR_ENTRIES``.
+        """
+        if not isinstance(k, int | np.integer) or not 0 <= k <= self.degree:
+            raise ValueError(f"k must be an integer in [0, degree={self.degree}], got {k!r}")
+        _check_materialise(self.d_out, self.d_in, int(k))
+        gamma, delta = self._monomial_weights(int(k))
+        T = _power_outer(self.A, int(k), self.W2 * gamma)
+        if delta is not None:
+            T = T + _sym_outer(self.G, self.A, int(k), self.W2 * delta)
+        if k == 0:
+            T = T + self.b2
+        return T
+
+    def to_dense(self) -> DensePolynomial:
+        """Materialise all coefficient tensors (raises ``ValueError`` when too large)."""
+        return DensePolynomial(tuple(self.coefficients(k) for k in range(self.degree + 1)), info=dict(self.info))
+
+    def to_module(self):
+        """A float64 ``torch.nn.Module`` computing this polynomial (factored; differentiable)."""
+        from mlpinterp.poly.torch_module import RidgePolynomialModule
+
+        return RidgePolynomialModule(self)
+
+    def state(self) -> dict[str, np.ndarray]:
+        st = dict(center=self.center, A=self.A, D=self.D, W2=self.W2, b2=self.b2)
+        if self.G is not None:
+            st.update(G=self.G, E=self.E)
+        return st
+
+    def save(self, path: str | Path) -> Path:
+        """Save as safetensors + JSON metadata (atomic)."""
+        return _save(self, "ridge", path)
+
+
+@dataclass(frozen=True, eq=False)
+class DensePolynomial:
+    """p(x) = sum_k T_k[x, ..., x] with symmetric tensors ``T_k [d_out, d_in^k]`` (k = 0..degree).
+
+    Attributes
+    ----------
+    tensors : tuple of coefficient tensors, ``tensors[0]`` is ``[d_out]``
+    info : provenance dict; ``info["solver_info"]`` holds iterative-solver diagnostics when present
+    """
+
+    tensors: tuple[np.ndarray, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def degree(self) -> int:
+        return len(self.tensors) - 1
+
+    d_out = property(lambda self: self.tensors[0].shape[0])
+    d_in = property(lambda self: self.tensors[1].shape[1] if len(self.tensors) > 1 else self.info.get("d_in", 0))
+
+    @property
+    def solver_info(self) -> dict[str, Any] | None:
+        """Iterative solver diagnostics (iterations, relative residual) when an iterative method was used."""
+        return self.info.get("solver_info")
+
+    def coefficients(self, k: int) -> np.ndarray:
+        """Degree-k coefficient tensor (see ``RidgePolynomial.coefficients``)."""
+        if not isinstance(k, int | np.integer) or not 0 <= k <= self.degree:
+            raise ValueError(f"k must be an integer in [0, degree={self.degree}], got {k!r}")
+        return self.tensors[int(k)]
+
+    def __call__(self, X, *, chunk: int = 1024) -> np.ndarray:
+        if self.degree == 0:
+            X = to_numpy(X, "X")
+            single = X.ndim == 1
+            n = 1 if single else X.shape[0]
+            out = np.broadcast_to(self.tensors[0], (n, self.d_out)).copy()
+            return out[0] if single else out
+        X, single = _inputs(X, self.d_in)
+        out = np.broadcast_to(self.tensors[0], (X.shape[0], self.d_out)).copy()
+        for s in range(0, X.shape[0], chunk):
+            Xc = X[s : s + chunk]
+            for k in range(1, self.degree + 1):
+                Y = np.einsum("o...a,na->no...", self.tensors[k], Xc)  # contract the last axis
+                for _ in range(k - 1):
+                    Y = np.einsum("no...a,na->no...", Y, Xc)
+                out[s : s + chunk] += Y
+        return out[0] if single else out
+
+    def to_module(self):
+        """A float64 ``torch.nn.Module`` computing this polynomial."""
+        from mlpinterp.poly.torch_module import DensePolynomialModule
+
+        return DensePolynomialModule(self)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {f"T{k}": T for k, T in enumerate(self.tensors)}
+
+    def save(self, path: str | Path) -> Path:
+        """Save as safetensors + JSON metadata (atomic)."""
+        return _save(self, "dense", path)
+
+
+Polynomial = RidgePolynomial | DensePolynomial
+
+
+def _save(p: Polynomial, kind: str, path: str | Path) -> Path:
+    import torch
+
+    from mlpinterp.utils.io import save_tensors
+
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.state().items()}
+    meta = {"format": "mlpinterp.polynomial", "kind": kind, "degree": p.degree, "info": _jsonable(p.info)}
+    return save_tensors(path, tensors, meta)
+
+
+def _jsonable(d):
+    if isinstance(d, dict):
+        return {str(k): _jsonable(v) for k, v in d.items()}
+    if isinstance(d, list | tuple):
+        return [_jsonable(v) for v in d]
+    if isinstance(d, np.generic):
+        return d.item()
+    if isinstance(d, np.ndarray):
+        return d.tolist() if d.size <= 64 else f"<array {list(d.shape)}>"
+    if isinstance(d, str | int | float | bool) or d is None:
+        return d
+    return repr(d)
+
+
+def load_polynomial(path: str | Path) -> Polynomial:
+    """Load an approximant saved with ``.save``. Raises ``ValueError`` for files of another format."""
+    from mlpinterp.utils.io import load_tensors
+
+    tensors, meta = load_tensors(path)
+    if meta.get("format") != "mlpinterp.polynomial":
+        raise ValueError(f"{str(path)!r} is not an mlpinterp polynomial (metadata format {meta.get('format')!r})")
+    arr = {k: v.double().numpy() for k, v in tensors.items()}
+    if meta["kind"] == "ridge":
+        return RidgePolynomial(**arr, info=meta.get("info", {}))
+    return DensePolynomial(tuple(arr[f"T{k}"] for k in range(meta["degree"] + 1)), info=meta.get("info", {}))

@@ -1,0 +1,193 @@
+"""How well an approximant matches its network: FVU, KL divergence, top-1 agreement, accuracy.
+
+FVU (fraction of variance unexplained, Rigg & Belrose 2025 §4) is pooled over outputs:
+``sum_o E[(f_o - p_o)^2] / sum_o Var(f_o)`` (a fraction in [0, inf), 0 = perfect); per-output values too.
+Under one Gaussian and an MLP approximated by its own ``RidgePolynomial`` the FVU is exact: every term
+is a bivariate Gaussian expectation (Mehler's formula for Hermite terms, 1-D quadrature of conditional
+expectations for E[phi(y_i) phi(y_j)], with a propagated error bound). Otherwise it is estimated by
+Monte Carlo with a delta-method standard error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpinterp.gaussian.bivariate import gauss_product_ev
+from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
+from mlpinterp.networks import MLP, validate_network
+from mlpinterp.poly.approximant import RidgePolynomial
+from mlpinterp.utils.validation import to_numpy
+
+
+@dataclass(frozen=True)
+class FVUResult:
+    """Pooled and per-output FVU with its uncertainty.
+
+    fvu : pooled FVU (fraction). per_output : ``[d_out]``.
+    stderr / per_output_stderr : Monte Carlo (or on-data) standard errors; 0 for the exact method.
+    error_bound : bound on the numerical error of the exact method (None for Monte Carlo).
+    method : ``"exact"``, ``"monte-carlo"`` or ``"data"``. n_samples : samples used (0 when exact).
+    """
+
+    fvu: float
+    per_output: np.ndarray
+    stderr: float
+    per_output_stderr: np.ndarray
+    method: str
+    n_samples: int = 0
+    error_bound: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "fvu": self.fvu, "stderr": self.stderr, "method": self.method, "n_samples": self.n_samples,
+            "error_bound": self.error_bound, "per_output": self.per_output.tolist(),
+            "per_output_stderr": self.per_output_stderr.tolist(),
+        }
+
+
+def _ratio_stats(r2: np.ndarray, v2: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """Ratio-of-means estimates and delta-method SEs from per-sample ``r2 = (f-p)^2`` and ``v2 = (f - mean f)^2``."""
+    n = r2.shape[0]
+    A, B = r2.mean(0), v2.mean(0)
+    per = A / np.where(B > 0, B, np.nan)
+    per_se = np.sqrt(np.var(r2 - per * v2, axis=0, ddof=1) / n) / np.where(B > 0, B, np.nan)
+    a, b = r2.sum(1), v2.sum(1)
+    pooled = a.mean() / b.mean()
+    pooled_se = math.sqrt(np.var(a - pooled * b, ddof=1) / n) / b.mean()
+    return float(pooled), float(pooled_se), per, per_se
+
+
+def fvu_on_data(network, p, X) -> FVUResult:
+    """FVU of ``p`` against ``network`` on real inputs ``X [n, d_in]`` (variance about the data mean).
+
+    Raises ``ValueError`` for fewer than 2 inputs or a d_in mismatch.
+    """
+    network = validate_network(network)
+    X = to_numpy(X, "X")
+    if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] != network.d_in:
+        raise ValueError(f"X must have shape [n >= 2, d_in={network.d_in}], got {list(X.shape)}")
+    f = network(X)
+    r2 = (f - p(X)) ** 2
+    v2 = (f - f.mean(0)) ** 2
+    pooled, se, per, per_se = _ratio_stats(r2, v2)
+    return FVUResult(pooled, per, se, per_se, "data", X.shape[0])
+
+
+def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk: int = 50_000) -> FVUResult:
+    rng = np.random.default_rng(seed)
+    r2s, fs = [], []
+    for s in range(0, n_samples, chunk):
+        X = dist.sample(min(chunk, n_samples - s), rng)
+        f = network(X)
+        r2s.append((f - p(X)) ** 2)
+        fs.append(f)
+    f = np.concatenate(fs)
+    r2 = np.concatenate(r2s)
+    v2 = (f - f.mean(0)) ** 2
+    pooled, se, per, per_se = _ratio_stats(r2, v2)
+    return FVUResult(pooled, per, se, per_se, "monte-carlo", n_samples)
+
+
+def _is_own_ridge(network, p, dist: Gaussian) -> bool:
+    if not (isinstance(network, MLP) and isinstance(p, RidgePolynomial) and p.G is None):
+        return False
+    if p.A.shape != network.W1.shape or p.W2.shape != network.W2.shape:
+        return False
+    if not np.allclose(p.center, dist.mean, rtol=0, atol=1e-12 * (1 + np.abs(dist.mean).max())):
+        return False
+    norms = np.einsum("hd,de,he->h", p.A, dist.cov, p.A)
+    return bool(np.all((np.abs(norms - 1) < 1e-8) | (np.abs(norms) < 1e-12)))
+
+
+def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian) -> FVUResult:
+    """Exact FVU of an MLP's own ridge approximant under one Gaussian (see module docstring)."""
+    from mlpinterp.gaussian.univariate import hermite_coefficients
+
+    W = network.W1
+    m = W @ dist.mean + network.b1
+    WS = W @ dist.cov
+    cov_y = WS @ W.T
+    s = np.sqrt(np.maximum(np.diag(cov_y), 0.0))
+    safe = np.where(s > 0, s, 1.0)
+    rho = np.clip(cov_y / np.outer(safe, safe), -1.0, 1.0)
+    rho = np.where(np.outer(s > 0, s > 0), rho, 0.0)
+    n = p.degree
+    c = hermite_coefficients(network.act, m, s, n)
+    e_phi = c[:, 0]
+    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho, return_error=True)
+    C = e2 - np.outer(e_phi, e_phi)
+    W2, P = network.W2, p.W2
+    var_f = np.einsum("oi,ij,oj->o", W2, C, W2)
+    bound = np.einsum("oi,ij,oj->o", np.abs(W2), np.abs(err), np.abs(W2))
+    # Cov(phi(y_i), He_k(z_j)) = k! c_ik rho_ij^k ; Cov(He_k(z_i), He_l(z_j)) = delta_kl k! rho_ij^k
+    cov_fp = np.zeros(network.d_out)
+    var_p = np.zeros(network.d_out)
+    for k in range(1, n + 1):
+        rk = rho**k * math.factorial(k)
+        cov_fp += np.einsum("oi,i,ij,j,oj->o", W2, c[:, k], rk, p.D[:, k], P, optimize=True)
+        var_p += np.einsum("oi,i,ij,j,oj->o", P, p.D[:, k], rk, p.D[:, k], P, optimize=True)
+    mean_gap = (W2 @ e_phi + network.b2) - (P @ p.D[:, 0] + p.b2)
+    mse = np.maximum(var_f + var_p - 2 * cov_fp + mean_gap**2, 0.0)
+    per = mse / np.where(var_f > 0, var_f, np.nan)
+    pooled = float(mse.sum() / var_f.sum())
+    err_bound = float(bound.sum() * (1 + pooled) / var_f.sum())
+    zeros = np.zeros(network.d_out)
+    return FVUResult(pooled, per, 0.0, zeros, "exact", 0, err_bound)
+
+
+def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, method: str = "auto") -> FVUResult:
+    """FVU of approximant ``p`` against ``network`` under ``distribution``.
+
+    ``method="auto"`` is exact when possible (MLP, one Gaussian, ``p`` its own ridge approximant) and Monte
+    Carlo with ``n_samples`` draws (seeded) otherwise; ``"monte-carlo"`` forces sampling.
+    Raises ``ValueError`` for an unknown method or when ``"exact"`` is requested but not available.
+    """
+    network = validate_network(network)
+    if not isinstance(distribution, Gaussian | GaussianMixture):
+        raise TypeError(f"distribution must be Gaussian or GaussianMixture, got {type(distribution).__name__}")
+    if method not in ("auto", "exact", "monte-carlo"):
+        raise ValueError(f"method must be 'auto', 'exact' or 'monte-carlo', got {method!r}")
+    exact_ok = isinstance(distribution, Gaussian) and _is_own_ridge(network, p, distribution)
+    if method == "exact" and not exact_ok:
+        raise ValueError("exact FVU needs an MLP, a Gaussian and the ridge approximant fitted under that Gaussian")
+    if exact_ok and method != "monte-carlo":
+        return _fvu_exact_mlp(network, p, distribution)
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2, got {n_samples}")
+    return _fvu_monte_carlo(network, p, distribution, n_samples, seed)
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(1, keepdims=True)
+    return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+
+def kl_divergence(network, p, X) -> tuple[float, float]:
+    """Mean KL(softmax(f(x)) || softmax(p(x))) over inputs ``X [n, d_in]`` in nats, and its standard error."""
+    network = validate_network(network)
+    X = to_numpy(X, "X")
+    lf, lp = _log_softmax(network(X)), _log_softmax(p(X))
+    kl = (np.exp(lf) * (lf - lp)).sum(1)
+    return float(kl.mean()), float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else 0.0
+
+
+def kl_divergence_under(network, p, distribution, *, n_samples: int = 100_000, seed: int = 0) -> tuple[float, float]:
+    """Monte Carlo KL (nats) under ``distribution`` with its standard error."""
+    X = distribution.sample(n_samples, np.random.default_rng(seed))
+    return kl_divergence(network, p, X)
+
+
+def top1_agreement(network, p, X) -> float:
+    """Fraction of inputs on which ``argmax f(x) == argmax p(x)``."""
+    network = validate_network(network)
+    X = to_numpy(X, "X")
+    return float((network(X).argmax(1) == p(X).argmax(1)).mean())
+
+
+def accuracy(model, X, y) -> float:
+    """Classification accuracy of any callable ``model: [n, d_in] -> [n, n_classes]`` on labels ``y [n]``."""
+    y = np.asarray(y)
+    return float((np.asarray(model(to_numpy(X, "X"))).argmax(1) == y).mean())

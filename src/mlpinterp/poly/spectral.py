@@ -1,0 +1,91 @@
+"""Spectral tools on approximants: quadratic eigen-features, SVD of linear coefficients, input ablations.
+
+Rigg & Belrose (2025, arXiv 2502.01032): §4.1 reads the eigenvectors of each output's quadratic form
+as feature images (Fig. 1); §4.3 projects the top-k right singular vectors of the linear coefficient
+matrix out of inputs, an attack that transfers to the network (Figs. 4-5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpinterp.utils.validation import to_numpy
+
+
+def _coef(p_or_tensor, k: int) -> np.ndarray:
+    return p_or_tensor.coefficients(k) if hasattr(p_or_tensor, "coefficients") else to_numpy(p_or_tensor, "coefficients")
+
+
+@dataclass(frozen=True)
+class QuadraticSpectrum:
+    """Eigendecomposition of each output's quadratic form ``Q_o`` (symmetric ``[d_in, d_in]``).
+
+    eigenvalues : ``[d_out, d_in]`` sorted by decreasing |eigenvalue|
+    eigenvectors : ``[d_out, d_in, d_in]``; ``eigenvectors[o, :, i]`` pairs with ``eigenvalues[o, i]``
+    """
+
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+
+    def top(self, output: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The n leading (by |eigenvalue|) eigenvalues ``[n]`` and eigenvectors ``[d_in, n]`` of one output."""
+        return self.eigenvalues[output, :n], self.eigenvectors[output, :, :n]
+
+
+def quadratic_spectrum(p) -> QuadraticSpectrum:
+    """Eigendecompose the degree-2 coefficients of ``p`` (an approximant of degree >= 2, or a ``[d_out, d, d]`` tensor).
+
+    Raises ``ValueError`` if the tensor is not ``[d_out, d, d]``.
+    """
+    Q = _coef(p, 2)
+    if Q.ndim != 3 or Q.shape[1] != Q.shape[2]:
+        raise ValueError(f"quadratic coefficients must have shape [d_out, d_in, d_in], got {list(Q.shape)}")
+    w, v = np.linalg.eigh(0.5 * (Q + np.swapaxes(Q, 1, 2)))
+    order = np.argsort(-np.abs(w), axis=1)
+    w = np.take_along_axis(w, order, axis=1)
+    v = np.take_along_axis(v, order[:, None, :], axis=2)
+    return QuadraticSpectrum(w, v)
+
+
+def linear_svd(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SVD ``B = U diag(S) Vt`` of the linear coefficients ``B [d_out, d_in]``; rows of ``Vt`` are input directions."""
+    B = _coef(p, 1)
+    if B.ndim != 2:
+        raise ValueError(f"linear coefficients must have shape [d_out, d_in], got {list(B.shape)}")
+    return np.linalg.svd(B, full_matrices=False)
+
+
+def top_singular_directions(p, k: int) -> np.ndarray:
+    """The top-k right singular vectors of the linear coefficients as an orthonormal ``[d_in, k]`` matrix."""
+    _, S, Vt = linear_svd(p)
+    if not 0 <= k <= Vt.shape[0]:
+        raise ValueError(f"k must be in [0, {Vt.shape[0]}] (rank bound of the linear coefficients), got {k}")
+    return Vt[:k].T.copy()
+
+
+def random_directions(d: int, k: int, seed: int = 0) -> np.ndarray:
+    """k random orthonormal directions in R^d (QR of a Gaussian matrix): ``[d, k]`` (baseline ablation)."""
+    if not 0 <= k <= d:
+        raise ValueError(f"k must be in [0, d={d}], got {k}")
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, k)))
+    return q * np.sign(np.diag(r))
+
+
+def pca_directions(X, k: int) -> np.ndarray:
+    """Top-k principal directions of data ``X [n, d]``: ``[d, k]`` (baseline ablation)."""
+    X = to_numpy(X, "X")
+    if not 0 <= k <= X.shape[1]:
+        raise ValueError(f"k must be in [0, d={X.shape[1]}], got {k}")
+    _, _, Vt = np.linalg.svd(X - X.mean(0), full_matrices=False)
+    return Vt[:k].T.copy()
+
+
+def ablate(X, directions: np.ndarray) -> np.ndarray:
+    """Project the orthonormal ``directions [d, k]`` out of every input: ``X (I - V V^T)``; ``[n, d]``."""
+    X = to_numpy(X, "X")
+    V = to_numpy(directions, "directions")
+    if V.ndim != 2 or V.shape[0] != X.shape[1]:
+        raise ValueError(f"directions must have shape [d={X.shape[1]}, k], got {list(V.shape)}")
+    return X - (X @ V) @ V.T

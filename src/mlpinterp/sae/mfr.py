@@ -1,0 +1,511 @@
+"""Mutual Feature Regularization trainer (Marks et al. 2024, "Enhancing Neural Network Interpretability with
+Feature-Aligned Sparse Autoencoders", arXiv 2411.01220, sec. 3).
+
+``N`` TopK SAEs are trained on the same batches. Two additions to the usual per-SAE loss
+(reconstruction + ``auxk_alpha`` * AuxK):
+
+* **Penalty** (sec. 3, eq. 2): ``alpha(t) / C(N, 2) * sum_{i<j} (1 - MMCS(W_i, W_j))`` on the decoder
+  dictionaries, with Hungarian-matched cosine similarity (gradients through the matched cosines) and a cosine
+  warm-up ``alpha(t) = alpha * (1 - cos(pi * min(t, T) / T)) / 2`` over ``T = warmup_steps``. ``alpha`` is either
+  given or chosen at step 0 so that ``alpha * penalty_0 = reconstruction_0`` (mean over the SAEs).
+* **Re-initialisation** (sec. 3): every ``inactivity_window`` steps each SAE's firing rates ``r_j`` over the
+  window are scored by an inactivity measure (default: ``mean_j |r_j / (k / d_sae) - 1|**3``, the cubed
+  relative deviation from the uniform rate ``k / d_sae``; see :data:`INACTIVITY_MEASURES`). An SAE whose
+  measure *exceeds* ``inactivity_threshold`` is re-initialised whole, with a fresh optimiser.
+
+``penalty=False, reinit=False`` gives the baseline: the same SAEs on the same data, trained independently.
+``n_saes=1`` with both off is plain TopK SAE training (``mlpinterp sae train``).
+
+Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`Distributed`:
+
+* ``mode="ddp"``: every rank holds all SAEs wrapped in ``DistributedDataParallel`` and gets ``1/world`` of
+  each batch; FVU and AuxK denominators are reduced across ranks so the averaged gradient is exactly the
+  full-batch gradient (losses equal those of one process up to float rounding).
+* ``mode="ensemble"``: rank ``r`` owns SAEs ``i % world == r`` and sees the whole batch; decoders are
+  all-gathered for the penalty. Rank ``r`` differentiates ``sum_{i owned} sum_{j != i} (1 - MMCS(W_i, sg(W_j)))``
+  (``sg`` = stop-gradient), which gives every owned ``W_i`` exactly the gradient of the full penalty.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from mlpinterp.sae.metrics import cosine_matrix, firing_counts
+from mlpinterp.sae.synthetic import _mix
+from mlpinterp.sae.topk import SaeConfig, TopKSae
+from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+
+
+# ----------------------------------------------------------------------------- inactivity measures
+def cubed_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
+    """``mean_j |r_j / t - 1|**3`` with ``r_j = counts_j / n_samples`` and ``t = k / d_sae`` (dimensionless).
+
+    0 when every latent fires at the uniform rate; 1 when all latents are dead; grows cubically when a
+    few latents fire far more often than ``t``.
+    """
+    t = k / counts.shape[-1]
+    r = counts.double() / n_samples
+    return float((r / t - 1).abs().pow(3).mean())
+
+
+def dead_fraction_measure(counts: Tensor, n_samples: int, k: int) -> float:
+    """Fraction of latents that did not fire at all during the window."""
+    return float((counts == 0).double().mean())
+
+
+INACTIVITY_MEASURES: dict[str, Callable[[Tensor, int, int], float]] = {
+    "cubed_relative_deviation": cubed_relative_deviation,
+    "dead_fraction": dead_fraction_measure,
+}
+"""Name -> ``measure(counts [d_sae], n_samples, k) -> float``; an SAE is re-initialised when measure > threshold."""
+
+
+def should_reinit(measure: float, threshold: float) -> bool:
+    """Re-initialisation rule: strictly above the threshold (NaN never triggers)."""
+    return bool(measure > threshold)
+
+
+# ----------------------------------------------------------------------------- penalty
+def cosine_warmup(step: int, warmup_steps: int) -> float:
+    """``(1 - cos(pi * min(step, T) / T)) / 2``: 0 at step 0, 1 from step ``T`` on (1 if ``T == 0``)."""
+    if warmup_steps <= 0:
+        return 1.0
+    return 0.5 * (1.0 - math.cos(math.pi * min(step, warmup_steps) / warmup_steps))
+
+
+def pair_dissimilarity(a: Tensor, b: Tensor, assignment: tuple[np.ndarray, np.ndarray] | None = None,
+                       matching: Literal["hungarian", "max"] = "hungarian") -> tuple[Tensor, tuple]:
+    """``1 - MMCS(a, b)`` for dictionaries ``[d_sae, d_in]`` and the assignment used (reusable later).
+
+    With ``assignment`` given, the matching is not recomputed (gradients still flow through the cosines).
+    """
+    c = cosine_matrix(a, b)
+    if matching == "max":
+        return 1 - c.max(dim=1).values.mean(), None
+    if matching != "hungarian":
+        raise ValueError(f"matching must be 'hungarian' or 'max', got {matching!r}")
+    if assignment is None:
+        assignment = linear_sum_assignment(c.detach().cpu().double().numpy(), maximize=True)
+    rows, cols = assignment
+    return 1 - c[torch.as_tensor(rows), torch.as_tensor(cols)].mean(), assignment
+
+
+def mfr_penalty(decoders: list[Tensor], matching: Literal["hungarian", "max"] = "hungarian") -> Tensor:
+    """Unscaled MFR penalty ``1 / C(N, 2) * sum_{i<j} (1 - MMCS(W_i, W_j))`` (Marks et al. 2024, eq. 2).
+
+    ``decoders``: ``N >= 2`` tensors ``[d_sae, d_in]``. Differentiable. Raises ``ValueError`` if ``N < 2``.
+    """
+    if len(decoders) < 2:
+        raise ValueError(f"decoders must hold at least 2 dictionaries, got {len(decoders)}")
+    terms = [pair_dissimilarity(decoders[i], decoders[j], matching=matching)[0]
+             for i in range(len(decoders)) for j in range(i + 1, len(decoders))]
+    return torch.stack(terms).mean()
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class MfrConfig:
+    """Training configuration of N TopK SAEs with (or without) Mutual Feature Regularization."""
+
+    sae: SaeConfig = field(default_factory=SaeConfig)
+    """Configuration shared by every SAE."""
+
+    n_saes: int = 2
+    """N: SAEs trained in parallel on the same batches."""
+
+    lr: float | None = None
+    """Adam learning rate; None means ``2e-4 / sqrt(d_sae / 2**14)`` (Gao et al. 2024 scaling, as sparsify)."""
+
+    loss: Literal["fvu", "mse"] = "fvu"
+    """Reconstruction loss: FVU (variance about the mean) or MSE per element."""
+
+    auxk_alpha: float = 1 / 32
+    """Weight of the AuxK loss (0 disables it)."""
+
+    dead_after_samples: int = 100_000
+    """A latent that has not fired for this many samples counts as dead for AuxK."""
+
+    penalty: bool = True
+    """Use the MFR penalty (needs n_saes >= 2)."""
+
+    alpha: float | None = None
+    """Penalty weight; None: set at step 0 so that the initial penalty equals the initial reconstruction loss."""
+
+    warmup_steps: int = 100
+    """Cosine warm-up of the penalty weight, in steps."""
+
+    matching: Literal["hungarian", "max"] = "hungarian"
+    """MMCS matching: one-to-one Hungarian (paper) or plain max."""
+
+    rematch_every: int = 1
+    """Recompute the Hungarian assignment every this many steps (1 = every step, as the paper)."""
+
+    reinit: bool = True
+    """Re-initialise an SAE whose inactivity measure exceeds the threshold."""
+
+    inactivity_measure: str = "cubed_relative_deviation"
+    """Name in INACTIVITY_MEASURES."""
+
+    inactivity_threshold: float = 50.0
+    """Re-initialise when the measure is strictly above this value."""
+
+    inactivity_window: int = 100
+    """Steps over which firing rates are counted before each check."""
+
+    reinit_until: int | None = None
+    """Last step at which a re-initialisation may happen (None: no limit)."""
+
+    seed: int = 0
+    """Seed of the SAE initialisations (SAE i, re-init r gets its own derived stream)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sae, SaeConfig):
+            raise TypeError(f"sae must be a SaeConfig, got {type(self.sae).__name__}")
+        if isinstance(self.n_saes, bool) or not isinstance(self.n_saes, int) or self.n_saes < 1:
+            raise ValueError(f"n_saes must be a positive int, got {self.n_saes!r}")
+        if self.penalty and self.n_saes < 2:
+            raise ValueError(f"penalty=True needs n_saes >= 2, got n_saes={self.n_saes}")
+        if self.loss not in ("fvu", "mse"):
+            raise ValueError(f"loss must be 'fvu' or 'mse', got {self.loss!r}")
+        if self.inactivity_measure not in INACTIVITY_MEASURES:
+            raise ValueError(f"inactivity_measure must be one of {sorted(INACTIVITY_MEASURES)}, "
+                             f"got {self.inactivity_measure!r}")
+        if self.matching not in ("hungarian", "max"):
+            raise ValueError(f"matching must be 'hungarian' or 'max', got {self.matching!r}")
+        for name in ("inactivity_window", "rematch_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.alpha is not None and not (self.alpha >= 0):
+            raise ValueError(f"alpha must be >= 0 or None, got {self.alpha!r}")
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """How this process takes part in a ``torch.distributed`` run (defaults: a single process)."""
+
+    mode: Literal["none", "ddp", "ensemble"] = "none"
+    """'ddp': split every batch across ranks; 'ensemble': split the SAEs across ranks."""
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if self.mode != "none" else 0
+
+    @property
+    def world(self) -> int:
+        return dist.get_world_size() if self.mode != "none" else 1
+
+
+def _sum_ranks(t: Tensor) -> Tensor:
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t
+
+
+# ----------------------------------------------------------------------------- trainer
+class MfrTrainer:
+    """Train ``cfg.n_saes`` TopK SAEs on shared batches with MFR (or the baseline).
+
+    Parameters
+    ----------
+    d_in : int
+        Activation width.
+    cfg : MfrConfig
+    dist_cfg : Distributed, optional
+        Multi-process mode (requires an initialised process group).
+    device : str or torch.device
+
+    Attributes
+    ----------
+    saes : list[TopKSae]
+        SAEs owned by this process (all of them unless ``mode="ensemble"``).
+    owned : list[int]
+        Global indices of ``saes``.
+    history : list[dict]
+        One record per step: ``recon`` (list over all SAEs), ``auxk``, ``penalty`` (unscaled), ``alpha_t``,
+        ``l0``.
+    reinit_events : list[dict]
+        ``{"step", "sae", "measure"}`` for every re-initialisation.
+    checks : list[dict]
+        ``{"step", "sae", "measure"}`` for every inactivity check.
+    """
+
+    def __init__(self, d_in: int, cfg: MfrConfig, dist_cfg: Distributed | None = None,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        if not isinstance(cfg, MfrConfig):
+            raise TypeError(f"cfg must be an MfrConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.d_in = d_in
+        self.dist = dist_cfg or Distributed()
+        if self.dist.mode != "none" and not dist.is_initialized():
+            raise ValueError(f"dist_cfg.mode={self.dist.mode!r} needs an initialised torch.distributed process group")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        n = cfg.n_saes
+        if self.dist.mode == "ensemble":
+            self.owned = [i for i in range(n) if i % self.dist.world == self.dist.rank]
+        else:
+            self.owned = list(range(n))
+        self.n_reinits = [0] * n
+        self.saes = [self._new_sae(i) for i in self.owned]
+        self.lr = cfg.lr if cfg.lr is not None else 2e-4 / math.sqrt(cfg.sae.d_sae / 2**14)
+        self.opts = [self._new_opt(s) for s in self.saes]
+        self.modules = self.saes
+        if self.dist.mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.modules = [DDP(s, broadcast_buffers=False) for s in self.saes]
+        m = cfg.sae.d_sae
+        self.window_counts = torch.zeros(len(self.saes), m, dtype=torch.int64)
+        self.window_samples = 0
+        self.since_fired = torch.zeros(len(self.saes), m, dtype=torch.int64)
+        self.step = 0
+        self.alpha = cfg.alpha
+        self._assignments: dict[tuple[int, int], tuple] = {}
+        self.history: list[dict] = []
+        self.reinit_events: list[dict] = []
+        self.checks: list[dict] = []
+
+    # -------------------------------------------------------------- construction helpers
+    def _new_sae(self, i: int) -> TopKSae:
+        g = torch.Generator().manual_seed(_mix(self.cfg.seed, 1000 * i + self.n_reinits[i]))
+        return TopKSae(self.d_in, self.cfg.sae, generator=g, dtype=self.dtype).to(self.device)
+
+    def _new_opt(self, sae: TopKSae) -> torch.optim.Optimizer:
+        return torch.optim.Adam(sae.parameters(), lr=self.lr, betas=(0.9, 0.999))
+
+    def reinitialise(self, local: int) -> None:
+        """Re-initialise owned SAE ``local`` (index into ``saes``) in place, with a fresh optimiser."""
+        i = self.owned[local]
+        self.n_reinits[i] += 1
+        g = torch.Generator().manual_seed(_mix(self.cfg.seed, 1000 * i + self.n_reinits[i]))
+        self.saes[local].reset_parameters(g)
+        self.opts[local] = self._new_opt(self.saes[local])
+        self.since_fired[local].zero_()
+        for key in [key for key in self._assignments if i in key]:  # the old matching is meaningless now
+            del self._assignments[key]
+
+    # -------------------------------------------------------------- one step
+    def _all_decoders(self) -> list[Tensor]:
+        """Decoders of all N SAEs, differentiable for the owned ones (ensemble mode gathers the others)."""
+        if self.dist.mode != "ensemble":
+            return [s.W_dec for s in self.saes]
+        world = self.dist.world
+        per_rank = math.ceil(self.cfg.n_saes / world)
+        shape = self.saes[0].W_dec.shape
+        mine = torch.zeros(per_rank, *shape, dtype=self.dtype, device=self.device)
+        for j, s in enumerate(self.saes):
+            mine[j] = s.W_dec.detach()
+        gathered = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        out = []
+        for i in range(self.cfg.n_saes):
+            r, j = i % world, i // world
+            out.append(self.saes[self.owned.index(i)].W_dec if r == self.dist.rank else gathered[r][j])
+        return out
+
+    def _penalty(self) -> tuple[Tensor, float]:
+        """(surrogate to differentiate, unscaled penalty value summed over the world)."""
+        n = self.cfg.n_saes
+        decs = self._all_decoders()
+        refresh = self.step % self.cfg.rematch_every == 0
+        terms = []
+        owned = set(self.owned)
+        for i in range(n):
+            for j in range(n):
+                if i == j:
+                    continue
+                if self.dist.mode == "ensemble":
+                    if i not in owned:
+                        continue
+                    a, b = decs[i], decs[j].detach()
+                elif i < j:
+                    a, b = decs[i], decs[j]
+                else:
+                    continue
+                assignment = None if refresh else self._assignments.get((i, j))
+                term, used = pair_dissimilarity(a, b, assignment, self.cfg.matching)
+                if used is not None:
+                    self._assignments[(i, j)] = used
+                terms.append(term)
+        pairs = n * (n - 1) / 2
+        local = torch.stack(terms).sum() / pairs if terms else torch.zeros((), dtype=self.dtype)
+        value = local.detach()
+        if self.dist.mode == "ensemble":
+            value = _sum_ranks(value) / 2
+        return local, float(value)
+
+    def train_step(self, x: Tensor) -> dict:
+        """One optimisation step of every owned SAE on batch ``x [batch, d_in]`` (in ddp mode: this rank's
+        slice). Returns the step record appended to ``history``."""
+        if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[1] != self.d_in:
+            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape [batch, d_in={self.d_in}], got {got}")
+        cfg = self.cfg
+        x = x.to(self.device, self.dtype)
+        ddp = self.dist.mode == "ddp"
+        world = self.dist.world if ddp else 1
+        reduce = _sum_ranks if ddp else None
+        recon_terms, auxk_terms, l0s, counts = [], [], [], []
+        for local, mod in enumerate(self.modules):
+            dead = self.since_fired[local] >= cfg.dead_after_samples if cfg.auxk_alpha > 0 else None
+            out = mod(x, dead_mask=dead, reduce_stats=reduce)
+            recon_terms.append(out.fvu if cfg.loss == "fvu" else out.mse)
+            auxk_terms.append(out.auxk_loss)
+            counts.append(firing_counts(out.latent_acts, out.latent_indices, cfg.sae.d_sae))
+            l0s.append(float((out.latent_acts > 0).sum(-1).double().mean()))
+        loss = world * (torch.stack(recon_terms).sum() + cfg.auxk_alpha * torch.stack(auxk_terms).sum())
+        recon_local = torch.stack([r.detach() for r in recon_terms])
+        auxk_local = torch.stack([a.detach() for a in auxk_terms])
+        if ddp:  # per-rank terms are partial sums of the global quantities
+            recon_local, auxk_local = _sum_ranks(recon_local), _sum_ranks(auxk_local)
+            counts = list(_sum_ranks(torch.stack(counts)))
+            n_batch = int(_sum_ranks(torch.tensor(x.shape[0])))
+        else:
+            n_batch = x.shape[0]
+        recon_all = self._gather_scalars(recon_local)
+        auxk_all = self._gather_scalars(auxk_local)
+        penalty_value, alpha_t = None, 0.0
+        if cfg.penalty:
+            surrogate, penalty_value = self._penalty()
+            if self.alpha is None:
+                self.alpha = float(np.mean(recon_all)) / penalty_value if penalty_value > 0 else 0.0
+            alpha_t = self.alpha * cosine_warmup(self.step, cfg.warmup_steps)
+            loss = loss + alpha_t * surrogate
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for sae, opt in zip(self.saes, self.opts, strict=True):
+            if cfg.sae.normalize_decoder:
+                sae.remove_gradient_parallel_to_decoder_directions()
+            opt.step()
+            if cfg.sae.normalize_decoder:
+                sae.set_decoder_norm_to_unit_norm()
+        # firing statistics
+        c = torch.stack([cc.cpu() for cc in counts])
+        self.window_counts += c
+        self.window_samples += n_batch
+        self.since_fired += n_batch
+        self.since_fired[c > 0] = 0
+        record = {"step": self.step, "recon": recon_all, "auxk": auxk_all, "penalty": penalty_value,
+                  "alpha_t": alpha_t, "l0": l0s}
+        self.step += 1
+        if self.step % cfg.inactivity_window == 0:
+            self._check_inactivity()
+        self.history.append(record)
+        return record
+
+    def _gather_scalars(self, local_values: Tensor) -> list[float]:
+        """Per-SAE scalars of all N SAEs in global order (ensemble mode gathers them)."""
+        if self.dist.mode != "ensemble":
+            return [float(v) for v in local_values]
+        full = torch.zeros(self.cfg.n_saes, dtype=torch.float64)
+        for j, i in enumerate(self.owned):
+            full[i] = local_values[j].double()
+        return [float(v) for v in _sum_ranks(full)]
+
+    def _check_inactivity(self) -> None:
+        cfg = self.cfg
+        measure = INACTIVITY_MEASURES[cfg.inactivity_measure]
+        for local, i in enumerate(self.owned):
+            m = measure(self.window_counts[local], self.window_samples, cfg.sae.k)
+            self.checks.append({"step": self.step, "sae": i, "measure": m})
+            allowed = cfg.reinit and (cfg.reinit_until is None or self.step <= cfg.reinit_until)
+            if allowed and should_reinit(m, cfg.inactivity_threshold):
+                self.reinitialise(local)
+                self.reinit_events.append({"step": self.step, "sae": i, "measure": m})
+        self.window_counts.zero_()
+        self.window_samples = 0
+
+    # -------------------------------------------------------------- loop, checkpoints
+    def fit(self, batches: Iterable[Tensor], n_steps: int, *, quiet: bool = False,
+            checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 1000,
+            desc: str = "MFR") -> list[dict]:
+        """Run up to ``n_steps`` total steps (continuing from ``self.step``) over ``batches``.
+
+        ``batches`` must yield ``[batch, d_in]`` tensors, starting at batch ``self.step`` when resuming.
+        Shows a tqdm bar unless ``quiet``; saves a checkpoint every ``checkpoint_every`` steps and at the end
+        when ``checkpoint_dir`` is given. Returns ``history``.
+        """
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_steps, initial=self.step, disable=quiet or self.dist.rank != 0, desc=desc)
+        it = iter(batches)
+        while self.step < n_steps:
+            try:
+                x = next(it)
+            except StopIteration:
+                break
+            rec = self.train_step(x)
+            bar.update(1)
+            if self.step % 20 == 0:
+                bar.set_postfix(recon=f"{np.mean(rec['recon']):.4f}", pen=f"{rec['penalty'] or 0.0:.3f}")
+            if checkpoint_dir is not None and self.step % checkpoint_every == 0:
+                self.save_checkpoint(checkpoint_dir)
+        bar.close()
+        if checkpoint_dir is not None:
+            self.save_checkpoint(checkpoint_dir)
+        return self.history
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> Path:
+        """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically."""
+        directory = Path(directory)
+        if self.dist.mode == "ddp" and self.dist.rank != 0:
+            return directory
+        tensors: dict[str, Tensor] = {"window_counts": self.window_counts, "since_fired": self.since_fired}
+        for local, (sae, opt) in enumerate(zip(self.saes, self.opts, strict=True)):
+            i = self.owned[local]
+            sae.save(directory / f"sae_{i}")
+            for k, v in sae.state_dict().items():
+                tensors[f"sae{i}.param.{k}"] = v
+            names = {id(p): n for n, p in sae.named_parameters()}
+            for p, st in opt.state.items():
+                for k, v in st.items():
+                    tensors[f"sae{i}.adam.{names[id(p)]}.{k}"] = torch.as_tensor(v)
+        meta = {"step": self.step, "alpha": self.alpha, "n_reinits": self.n_reinits,
+                "window_samples": self.window_samples, "cfg": asdict(self.cfg), "owned": self.owned,
+                "history": self.history, "reinit_events": self.reinit_events, "checks": self.checks,
+                "assignments": {f"{a},{b}": [v[0].tolist(), v[1].tolist()] for (a, b), v in self._assignments.items()}}
+        rank = self.dist.rank if self.dist.mode == "ensemble" else 0
+        save_tensors(directory / f"trainer_rank{rank}.safetensors", tensors, meta)
+        atomic_write_json(directory / "mfr_cfg.json", asdict(self.cfg))
+        return directory
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> bool:
+        """Resume from :meth:`save_checkpoint`'s files; returns False if there is no checkpoint."""
+        rank = self.dist.rank if self.dist.mode == "ensemble" else 0
+        path = Path(directory) / f"trainer_rank{rank}.safetensors"
+        if not path.exists() or not path.with_suffix(".json").exists():
+            return False
+        tensors, meta = load_tensors(path)
+        if meta.get("owned") != self.owned:
+            raise ValueError(f"checkpoint {str(path)!r} holds SAEs {meta.get('owned')}, this process owns {self.owned}")
+        self.step = int(meta["step"])
+        self.alpha = meta["alpha"]
+        self.n_reinits = list(meta["n_reinits"])
+        self.window_samples = int(meta["window_samples"])
+        self.history, self.reinit_events, self.checks = meta["history"], meta["reinit_events"], meta["checks"]
+        self._assignments = {tuple(int(s) for s in k.split(",")): (np.array(v[0]), np.array(v[1]))
+                             for k, v in meta["assignments"].items()}
+        self.window_counts.copy_(tensors["window_counts"])
+        self.since_fired.copy_(tensors["since_fired"])
+        for local, sae in enumerate(self.saes):
+            i = self.owned[local]
+            sae.load_state_dict({k[len(f"sae{i}.param."):]: v for k, v in tensors.items()
+                                 if k.startswith(f"sae{i}.param.")})
+            self.opts[local] = opt = self._new_opt(sae)
+            for n, p in sae.named_parameters():
+                st = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"sae{i}.adam.{n}.")}
+                if st:
+                    opt.state[p] = st
+        return True

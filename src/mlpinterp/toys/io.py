@@ -1,0 +1,74 @@
+"""Save and load toy targets as ``NAME.safetensors`` + ``NAME.json`` (atomic, via :mod:`mlpinterp.utils.io`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mlpinterp.utils.io import load_tensors, save_tensors
+
+
+def _kind(model: nn.Module) -> str:
+    from mlpinterp.toys.gated_trig import GatedTrigMLP
+    from mlpinterp.toys.resid_mlp import ResidualMLP
+    from mlpinterp.toys.tms import TMS
+
+    for cls, name in ((TMS, "tms"), (ResidualMLP, "resid_mlp"), (GatedTrigMLP, "gated_trig")):
+        if isinstance(model, cls):
+            return name
+    raise TypeError(f"model must be a TMS, ResidualMLP or GatedTrigMLP, got {type(model).__name__}")
+
+
+def _arch(model: nn.Module) -> dict:
+    kind = _kind(model)
+    if kind == "tms":
+        return {"n_features": model.n_features, "d_hidden": model.d_hidden}
+    if kind == "resid_mlp":
+        return {"n_features": model.n_features, "d_embed": model.d_embed, "d_mlp": model.d_mlp,
+                "n_layers": model.n_layers}
+    return {"d_resid": model.d_resid, "d_mlp": model.d_mlp, "n_layers": model.n_layers,
+            "n_functions": model.n_functions}
+
+
+def save_toy(model: nn.Module, path: str | os.PathLike, info: dict | None = None) -> Path:
+    """Save a toy target's state dict and ``{"kind", "arch", "info"}`` metadata atomically."""
+    meta = {"kind": _kind(model), "arch": _arch(model), "info": info or {}}
+    return save_tensors(path, dict(model.state_dict()), meta)
+
+
+def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
+    """Load a toy saved by :func:`save_toy`. Returns ``(model, meta)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If the file is corrupt, the metadata lacks ``kind``/``arch`` or the tensors do not fit the architecture.
+    """
+    from mlpinterp.toys.gated_trig import GatedTrigMLP
+    from mlpinterp.toys.resid_mlp import ResidualMLP
+    from mlpinterp.toys.tms import TMS
+
+    tensors, meta = load_tensors(path)
+    if "kind" not in meta or "arch" not in meta:
+        raise ValueError(f"metadata of {str(path)!r} must contain 'kind' and 'arch', got keys {sorted(meta)}")
+    kind, arch = meta["kind"], meta["arch"]
+    if kind == "tms":
+        model: nn.Module = TMS(**arch)
+    elif kind == "resid_mlp":
+        if "W_E" not in tensors:
+            raise ValueError(f"checkpoint {str(path)!r} lacks the embedding 'W_E'")
+        model = ResidualMLP(W_E=tensors["W_E"], **arch)
+    elif kind == "gated_trig":
+        model = GatedTrigMLP(**arch)
+    else:
+        raise ValueError(f"unknown toy kind {kind!r} in {str(path)!r}; expected 'tms', 'resid_mlp' or 'gated_trig'")
+    try:
+        model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})
+    except RuntimeError as e:
+        raise ValueError(f"tensors in {str(path)!r} do not match the {kind} architecture {arch} ({e})") from e
+    return model, meta
