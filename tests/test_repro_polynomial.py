@@ -8,6 +8,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
+from tests.cli_utils import flat
 
 
 def test_reproduce_polynomial_smoke_on_digits(tmp_path):
@@ -47,6 +48,6 @@ def test_reproduce_polynomial_smoke_on_digits(tmp_path):
 
 def test_reproduce_polynomial_rejects_bad_options(tmp_path):
     r = CliRunner().invoke(app, ["reproduce", "polynomial", "--seeds", "0", "--out", str(tmp_path)])
-    assert r.exit_code != 0 and "seeds" in r.output
+    assert r.exit_code != 0 and "seeds" in flat(r.output)
     r = CliRunner().invoke(app, ["reproduce", "polynomial", "--dataset", "cifar", "--out", str(tmp_path)])
     assert r.exit_code != 0

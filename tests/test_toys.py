@@ -119,7 +119,8 @@ def test_gated_trig_matches_piecewise_interpolant():
     interp = np.stack([np.interp(x, knots, trig_functions(knots, coeffs)[:, i]) for i in range(4)], axis=1)
     expect = (interp * inp[:, 1:].double().numpy()).sum(1)
     np.testing.assert_allclose(model(inp)[:, 0].detach().double().numpy(), expect, atol=1e-4)
-    # piecewise-linear interpolation error bound: h^2/8 max|F''| <= h^2/8 (|a| b^2 + |d| e^2) <= h^2/4
+    # piecewise-linear interpolation error: h^2/8 max|F''| <= h^2/8 (|a| b^2 + |d| e^2) <= h^2/4 per function,
+    # so at most 4 * h^2/4 when all four control bits are on
     h = knots[1] - knots[0]
     true = (trig_functions(x, coeffs) * inp[:, 1:].double().numpy()).sum(1)
     assert np.abs(expect - true).max() <= 4 * h**2 / 4 + 1e-9

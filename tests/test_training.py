@@ -128,17 +128,23 @@ def test_init_is_seeded_and_leaves_global_rng_alone():
 
 
 @pytest.mark.parametrize("arch", ["mlp", "glu"])
-def test_to_network(arch):
+@pytest.mark.parametrize("activation", list(NP_ACT))
+def test_to_network(arch, activation):
     networks = pytest.importorskip("mlpinterp.networks")
-    model = Classifier(small_cfg(arch=arch, activation="gelu"))
+    model = Classifier(small_cfg(arch=arch, activation=activation, d_hidden=16))
     net = model.to_network()
     assert isinstance(net, networks.MLP if arch == "mlp" else networks.GLU)
+    assert net.activation == activation
     if arch == "mlp":
         np.testing.assert_array_equal(np.asarray(net.W1), model.hidden.weight.detach().double().numpy())
         np.testing.assert_array_equal(np.asarray(net.b2), model.out.bias.detach().double().numpy())
     else:
         np.testing.assert_array_equal(np.asarray(net.V), model.value.weight.detach().double().numpy())
         np.testing.assert_array_equal(np.asarray(net.W2), model.out.weight.detach().double().numpy())
+    # The network container's own float64 forward pass agrees with the torch model.
+    x = np.random.default_rng(2).uniform(0, 1, size=(7, 64))
+    want = model.double()(torch.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(net(x)), want, rtol=1e-10, atol=1e-10)
 
 
 # --------------------------------------------------------------------------- training
@@ -163,9 +169,7 @@ def test_training_writes_all_checkpoints_with_metadata(digits, reference_run):
     for split in ("train", "test"):
         X, y = getattr(digits, f"X_{split}").astype(np.float64), getattr(digits, f"y_{split}")
         p = {k: v.double().numpy() for k, v in model.state_dict().items()}
-        logits = (
-            np.maximum(X @ p["hidden.weight"].T + p["hidden.bias"], 0) @ p["out.weight"].T + p["out.bias"]
-        )
+        logits = np.maximum(X @ p["hidden.weight"].T + p["hidden.bias"], 0) @ p["out.weight"].T + p["out.bias"]
         acc = float(np.mean(logits.argmax(1) == y))
         ce = float(np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(y)), y]))
         assert meta[f"{split}_accuracy"] == pytest.approx(acc, abs=1.5 / len(y))  # float32 ties: <= 1 example

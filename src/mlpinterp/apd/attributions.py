@@ -8,12 +8,25 @@ evaluated at ``theta = theta*`` (``source="target"``) or at ``theta = sum_c P_c`
 paper used for TMS 5-2). The paper's ``A_c(x)`` is ``sqrt(attr / d_L)``; the monotone transform does not change
 top-k selections. All non-batch output dimensions are summed over.
 
-The inner sum is a directional derivative: ``d/d eps_c f(x | theta + sum_c eps_c P_c)`` at ``eps = 0``. So
-:func:`attributions` gets all ``C`` of them with forward-mode automatic differentiation,
-``vmap`` over the ``C`` one-hot tangents of one :func:`torch.func.jvp` — one batched pass whose cost is ``C``
-tangent propagations, and at ``nn.Linear`` sites the tangent ``A_c (B_c x)`` never materialises ``P_c``.
-:func:`attributions_reference` is the paper's reference algorithm: one reverse-mode backward pass per output
-dimension, accumulating squares (kept as the oracle and for benchmarks).
+The inner sum is the directional derivative of ``f`` along ``P_c``. Three ways to get it:
+
+- ``method="forward"`` (any model): forward-mode AD, ``vmap`` over the ``C`` components of one
+  :func:`torch.func.jvp`. At an ``nn.Linear`` site the parameter tangent ``P_c`` enters as the output tangent
+  ``A_c (B_c x)`` (``x`` the site's input), so no ``[C, d_out, d_in]`` tensor and no ``C x C`` work is formed;
+  at a parameter site (e.g. tied weights) the tangent is ``P_c`` itself. Cost: ``C`` tangent propagations.
+- ``method="closed"`` (residual-MLP stacks: the toy targets): the same derivative in closed form. With
+  ``r_0 = embed(x)``, ``pre_l = W_in_l r_l + b``, ``h_l = ReLU(pre_l)``, ``r_{l+1} = r_l + W_out_l h_l + b'`` and
+  ``f = W_U r_L``, the tangent obeys ``d pre_l = W_in_l d r_l + A_in_l (B_in_l r_l)``,
+  ``d h_l = 1[pre_l > 0] * d pre_l``, ``d r_{l+1} = d r_l + W_out_l d h_l + A_out_l (B_out_l h_l)``. The residual
+  stream never has to be formed: ``W_in_k d r_k`` and ``W_U d r_L`` only need the sample-independent products
+  ``W_in_k W_out_j``, ``W_in_k A_out_j``, ``W_U W_out_j`` and ``W_U A_out_j``. Writing
+  ``W_U d r_L = M_c z`` with ``z = (d h_j, B_out_j h_j)_j`` (length ``D = L (d_mlp + m)``), the squared norm is
+  ``z^T (M_c^T M_c) z`` with a ``D x D`` Gram matrix when ``d_out > D``. Per-sample cost
+  ``O(C (L^2 d_mlp^2 + D min(D, d_out)))`` instead of ``O(C d_resid (d_mlp + d_out))``.
+- :func:`attributions_reference`: the paper's algorithm, one reverse-mode backward pass per output dimension
+  (kept as the oracle and for benchmarks).
+
+``method="auto"`` picks ``"closed"`` when the model qualifies (:func:`is_residual_mlp`), else ``"forward"``.
 """
 
 from __future__ import annotations
@@ -22,9 +35,10 @@ import torch
 from torch import nn
 
 from mlpinterp.apd.components import Components
-from mlpinterp.apd.forward import run_with_components
+from mlpinterp.apd.forward import _param_weights, _patched, run_with_components
 
 SOURCES = ("target", "apd")
+METHODS = ("auto", "forward", "closed")
 
 
 def _check_source(source: str) -> bool:
@@ -33,31 +47,138 @@ def _check_source(source: str) -> bool:
     return source == "target"
 
 
+def is_residual_mlp(model: nn.Module, comps: Components) -> bool:
+    """Whether the closed form applies: ``model`` has ``embed(x)``, ``readout_weight()`` (``[d_out, d_resid]``) and
+    ``layers`` of blocks with ``nn.Linear`` ``mlp_in``/``mlp_out`` and ``nn.ReLU`` ``act`` computing
+    ``r + mlp_out(act(mlp_in(r)))``, and every site is one of those ``nn.Linear`` modules."""
+    if not (hasattr(model, "embed") and hasattr(model, "readout_weight") and hasattr(model, "layers")):
+        return False
+    names = set()
+    for i, blk in enumerate(model.layers):
+        if not (isinstance(getattr(blk, "mlp_in", None), nn.Linear) and isinstance(getattr(blk, "mlp_out", None), nn.Linear)
+                and isinstance(getattr(blk, "act", None), nn.ReLU)):
+            return False
+        names |= {f"layers.{i}.mlp_in", f"layers.{i}.mlp_out"}
+    return all(s.kind == "linear" and s.name in names for s in comps.sites)
+
+
 def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: str = "target",
-                 chunk_size: int | None = None) -> torch.Tensor:
-    """Batched gradient attributions ``[batch, C]`` (forward mode, all outputs and components at once).
+                 chunk_size: int | None = None, method: str = "auto") -> torch.Tensor:
+    """Batched gradient attributions ``[batch, C]`` (all outputs and components at once).
 
     Differentiable with respect to the component factors (needed by the Lp variant); call it under
-    ``torch.no_grad()`` when only a top-k mask is needed. ``chunk_size`` bounds how many components are
-    propagated at once (memory ``~ chunk_size x`` one forward).
+    ``torch.no_grad()`` when only a top-k mask is needed. ``chunk_size`` bounds how many components the forward
+    method propagates at once (memory ``~ chunk_size x`` one forward).
 
     Raises
     ------
     ValueError
-        If ``source`` is not ``"target"`` or ``"apd"``.
+        If ``source`` or ``method`` is unknown, or ``method="closed"`` for a model that does not qualify.
     """
     base = _check_source(source)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    closed_ok = is_residual_mlp(model, comps)
+    if method == "closed" and not closed_ok:
+        raise ValueError("method='closed' needs a residual-MLP model (see is_residual_mlp) with only its "
+                         "mlp_in/mlp_out Linear layers as targets")
+    if method == "closed" or (method == "auto" and closed_ok):
+        # chunks of 256 samples keep the [C, chunk, D] intermediates cache-sized (memory-bound otherwise)
+        return torch.cat([_closed_residual_mlp(model, comps, xc, base) for xc in x.split(256)])
+    return _forward_mode(model, comps, x, base, chunk_size)
+
+
+def _forward_mode(model: nn.Module, comps: Components, x: torch.Tensor, base: bool,
+                  chunk_size: int | None) -> torch.Tensor:
     C = comps.C
+    lin = [s for s in comps.sites if s.kind == "linear"]
+    has_params = any(s.kind == "param" for s in comps.sites)
+    # primal pass: the inputs of every Linear site under theta (target or summed components)
+    inputs: dict[str, torch.Tensor] = {}
+    handles = [model.get_submodule(s.name).register_forward_pre_hook(
+        lambda _m, args, n=s.name: inputs.__setitem__(n, args[0])) for s in lin]
+    try:
+        with torch.no_grad():
+            if base:
+                model(x)
+            else:
+                run_with_components(model, comps, x, None, base=False)
+    finally:
+        for h in handles:
+            h.remove()
+    w = {s.name: torch.einsum("...i,cmi->...cm", inputs[s.name], comps.factors(s)[1]) for s in lin}  # [b, C, m]
     eps0 = torch.zeros(C, dtype=x.dtype, device=x.device)
+    delta0 = {s.name: torch.zeros(w[s.name].shape[:-2] + (s.d_out,), dtype=x.dtype, device=x.device) for s in lin}
+    state = {"coef": None, "base": base, "components": not base, "delta": None}
 
-    def f(eps: torch.Tensor) -> torch.Tensor:
-        return run_with_components(model, comps, x, eps if base else 1.0 + eps, base=base)
+    def f(delta: dict, eps: torch.Tensor) -> torch.Tensor:
+        state["delta"] = delta
+        if not has_params:
+            return model(x)
+        weights = _param_weights(model, comps, eps if base else 1.0 + eps, base)
+        return torch.func.functional_call(model, weights, (x,), strict=False)
 
-    def tangent_out(t: torch.Tensor) -> torch.Tensor:
-        return torch.func.jvp(f, (eps0,), (t,))[1]
+    def tangent_out(c: torch.Tensor) -> torch.Tensor:
+        t_delta = {s.name: torch.einsum("...m,om->...o", w[s.name][..., c, :], comps.factors(s)[0][c]) for s in lin}
+        t_eps = (torch.arange(C, device=x.device) == c).to(x.dtype)
+        return torch.func.jvp(f, (delta0, eps0), (t_delta, t_eps))[1]
 
-    J = torch.func.vmap(tangent_out, chunk_size=chunk_size)(torch.eye(C, dtype=x.dtype, device=x.device))
+    with _patched(model, comps, state):
+        J = torch.func.vmap(tangent_out, chunk_size=chunk_size)(torch.arange(C, device=x.device))
     return J.pow(2).flatten(2).sum(-1).T  # [C, batch, ...] -> [batch, C]
+
+
+def _closed_residual_mlp(model: nn.Module, comps: Components, x: torch.Tensor, base: bool) -> torch.Tensor:
+    summed = {} if base else comps.summed()
+    names = {s.name for s in comps.sites}
+
+    def weight(name: str) -> torch.Tensor:
+        return summed[name] if name in summed else model.get_submodule(name).weight
+
+    def factors(name: str):
+        return comps.factors(name) if name in names else None
+
+    R = model.readout_weight().to(x.dtype)  # [d_out, d_resid]
+    r = model.embed(x)
+    L = len(model.layers)
+    W_in = [weight(f"layers.{l}.mlp_in") for l in range(L)]
+    W_out = [weight(f"layers.{l}.mlp_out") for l in range(L)]
+    dh: list[torch.Tensor] = []  # [b, C, d_mlp]
+    w_out: list[torch.Tensor | None] = []  # [b, C, m]
+    for l, blk in enumerate(model.layers):
+        pre = r @ W_in[l].T + (blk.mlp_in.bias if blk.mlp_in.bias is not None else 0.0)
+        h = torch.relu(pre)
+        dpre = 0.0
+        fin = factors(f"layers.{l}.mlp_in")
+        if fin is not None:
+            A, B = fin
+            dpre = torch.einsum("bcm,cdm->bcd", torch.einsum("bi,cmi->bcm", r, B), A)
+        for j in range(l):  # W_in_l d r_l = sum_j (W_in_l W_out_j) dh_j + (W_in_l A_out_j) w_out_j
+            dpre = dpre + torch.einsum("bcd,ed->bce", dh[j], W_in[l] @ W_out[j])
+            if w_out[j] is not None:
+                A_out = factors(f"layers.{j}.mlp_out")[0]
+                dpre = dpre + torch.einsum("bcm,cem->bce", w_out[j], torch.einsum("er,crm->cem", W_in[l], A_out))
+        if isinstance(dpre, float):
+            dpre = torch.zeros(x.shape[0], comps.C, h.shape[-1], dtype=x.dtype, device=x.device)
+        dh.append((pre > 0).to(x.dtype)[:, None, :] * dpre)
+        fout = factors(f"layers.{l}.mlp_out")
+        w_out.append(torch.einsum("bi,cmi->bcm", h, fout[1]) if fout is not None else None)
+        r = r + h @ W_out[l].T + (blk.mlp_out.bias if blk.mlp_out.bias is not None else 0.0)
+    # W_U d r_L = M_c z with z = concat_j(dh_j, w_out_j) and M_c = [W_U W_out_j, W_U A_out_j]_j
+    z = torch.cat([t for j in range(L) for t in (dh[j], w_out[j]) if t is not None], dim=-1)  # [b, C, D]
+    blocks = []
+    for j in range(L):
+        blocks.append((R @ W_out[j]).expand(comps.C, -1, -1))
+        if w_out[j] is not None:
+            blocks.append(torch.einsum("or,crm->com", R, factors(f"layers.{j}.mlp_out")[0]))
+    M = torch.cat(blocks, dim=-1)  # [C, d_out, D]
+    if M.shape[1] <= M.shape[2]:  # few outputs: form d f directly
+        df = torch.bmm(z.transpose(0, 1), M.transpose(1, 2))  # [C, b, d_out]
+        return df.pow(2).sum(-1).T
+    # many outputs: ||M_c z||^2 = z^T (M_c^T M_c) z with the [D, D] Gram matrix (D = L (d_mlp + m))
+    G = M.transpose(1, 2) @ M  # [C, D, D]
+    zt = z.transpose(0, 1)  # [C, b, D]
+    return (torch.bmm(zt, G) * zt).sum(-1).T
 
 
 def attributions_reference(model: nn.Module, comps: Components, x: torch.Tensor,

@@ -36,17 +36,23 @@ def _broadcast_coef(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _linear_forward(mod: nn.Linear, site: Site, comps: Components, state: dict):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        A, B = comps.factors(site)
-        C, d_out, m = A.shape
-        inner = F.linear(x, B.reshape(C * m, site.d_in)).unflatten(-1, (C, m))  # [..., C, m]
-        coef = state["coef"]
-        if coef is not None:
-            inner = inner * _broadcast_coef(coef, x)[..., None]
-        y = F.linear(inner.flatten(-2), A.permute(1, 0, 2).reshape(d_out, C * m))
-        if state["base"]:
-            y = y + F.linear(x, mod.weight)
+        if state.get("components", True):
+            A, B = comps.factors(site)
+            C, d_out, m = A.shape
+            inner = F.linear(x, B.reshape(C * m, site.d_in)).unflatten(-1, (C, m))  # [..., C, m]
+            coef = state["coef"]
+            if coef is not None:
+                inner = inner * _broadcast_coef(coef, x)[..., None]
+            y = F.linear(inner.flatten(-2), A.permute(1, 0, 2).reshape(d_out, C * m))
+            if state["base"]:
+                y = y + F.linear(x, mod.weight)
+        else:
+            y = F.linear(x, mod.weight)
         if mod.bias is not None:
             y = y + mod.bias
+        delta = state.get("delta")
+        if delta is not None:
+            y = y + delta[site.name]
         return y
 
     return forward

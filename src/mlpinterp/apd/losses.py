@@ -64,8 +64,10 @@ def minimality_loss(out: torch.Tensor, target_out: torch.Tensor, kind: str = "ms
 def schatten_pp(A: torch.Tensor, B: torch.Tensor, p: float, mode: str = "exact") -> torch.Tensor:
     """``||A_c B_c||_p^p`` for every component: ``A``: ``[C, d_out, m]``, ``B``: ``[C, m, d_in]`` -> ``[C]``.
 
-    ``mode="exact"`` uses the eigenvalues of the ``m x m`` Gram product (module docstring); ``mode="factor"`` is
-    the paper's surrogate ``sum_m (||A[:, m]||^2 ||B[m, :]||^2)^{p/2}``. A ``1e-16`` is added under every power.
+    ``mode="exact"`` uses the eigenvalues of the ``m x m`` Gram product (module docstring); eigenvalues below
+    ``1e-10`` of the largest are treated as exact zeros (round-off of a rank-deficient product), so the value is the
+    Schatten norm to float64 precision and its gradient stays finite. ``mode="factor"`` is the paper's surrogate
+    ``sum_m (||A[:, m]||^2 ||B[m, :]||^2 + 1e-16)^{p/2}`` (as in the reference implementation).
 
     Raises
     ------
@@ -89,8 +91,13 @@ def schatten_pp(A: torch.Tensor, B: torch.Tensor, p: float, mode: str = "exact")
     jitter = 1e-12 * (GB.diagonal(dim1=1, dim2=2).sum(-1) / m)[:, None, None] + 1e-300
     L = torch.linalg.cholesky(GB + jitter * eye)
     M = L.transpose(1, 2) @ GA @ L
-    lam = torch.linalg.eigvalsh(0.5 * (M + M.transpose(1, 2))).clamp_min(0.0)  # sigma^2, [C, m]
-    return ((lam + EPS) ** (p / 2)).sum(-1).to(A.dtype)
+    lam = torch.linalg.eigvalsh(0.5 * (M + M.transpose(1, 2)))  # sigma^2 ascending, [C, m]
+    r = min(A.shape[1], m, B.shape[2])  # rank(A B) <= r: the m - r smallest eigenvalues are exactly 0
+    lam = lam[:, m - r :]
+    # eigenvalues below 1e-10 of the largest are round-off of zero singular values: count them as 0 (no gradient)
+    keep = lam > 1e-10 * lam.amax(dim=-1, keepdim=True).clamp_min(1e-300)
+    val = torch.where(keep, lam.clamp_min(1e-300) ** (p / 2), torch.zeros_like(lam))
+    return val.sum(-1).to(A.dtype)
 
 
 def component_schatten(comps: Components, p: float, mode: str = "exact") -> torch.Tensor:

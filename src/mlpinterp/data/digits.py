@@ -56,9 +56,7 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     bunch = _sk_load_digits()
     X = np.asarray(bunch.data, dtype=np.float64) / DIGITS_MAX_INTENSITY
     y = np.asarray(bunch.target, dtype=np.int64)
-    X_tr, X_te, y_tr, y_te = train_test_split(
-        X, y, test_size=float(test_fraction), stratify=y, random_state=int(seed)
-    )
+    X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=float(test_fraction), stratify=y, random_state=int(seed))
     return Dataset(
         name="digits",
         X_train=np.ascontiguousarray(X_tr, dtype=np.float32),

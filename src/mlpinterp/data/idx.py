@@ -175,8 +175,9 @@ def read_idx(path: str | os.PathLike, expected: IdxFile | None = None) -> np.nda
 def download_idx(name: str, directory: str | os.PathLike, *, timeout: float = 60.0) -> list[Path]:
     """Download the four ``.gz`` files of ``name`` (``"mnist"`` or ``"fashion-mnist"``) into ``directory``.
 
-    Files already present are kept (the loaders verify them and report a corrupt copy). Each download is verified (raw md5) before it is
-    written atomically. Tries each mirror in :data:`MIRRORS` in turn.
+    Files already present are kept (the loaders verify them and report a corrupt copy). Each
+    download is verified (raw md5) before it is written atomically. Tries each mirror in
+    :data:`MIRRORS` in turn.
 
     Raises
     ------
@@ -237,8 +238,7 @@ def _load_idx_dataset(key: str, path, download: bool) -> Dataset:
         )
     # Smallest files first, so that a corrupt label file fails before ~50 MB are hashed.
     arrays = {
-        k: read_idx(find_idx_file(directory, s.name), s)
-        for k, s in sorted(files.items(), key=lambda kv: kv[1].n_bytes)
+        k: read_idx(find_idx_file(directory, s.name), s) for k, s in sorted(files.items(), key=lambda kv: kv[1].n_bytes)
     }
     for split in ("train", "test"):
         labels = arrays[f"{split}_labels"]

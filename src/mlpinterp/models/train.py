@@ -17,7 +17,8 @@ Determinism and resumption: the batch order of epoch ``e`` is a permutation draw
 generator state needs saving), the initialisation uses ``torch.manual_seed(seed)`` in a forked RNG,
 and evaluating at a checkpoint restores the train-mode weights bit for bit. Hence re-running
 ``train_classifier`` on the same ``out_dir`` after an interruption, or with a larger ``steps``,
-yields weights bit-identical to one uninterrupted run (same device and torch build).
+yields weights bit-identical to one uninterrupted run (same device, torch build and number of
+CPU threads: BLAS kernels may sum in a different order with a different thread count).
 """
 
 from __future__ import annotations
@@ -153,9 +154,7 @@ def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path
             for name, p in params.items():
                 p.copy_(tensors[f"y.{name}"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
-        raise ValueError(
-            f"optimizer state {str(path)!r} is invalid or does not match the config ({e})"
-        ) from e
+        raise ValueError(f"optimizer state {str(path)!r} is invalid or does not match the config ({e})") from e
     for g in opt.param_groups:
         g["train_mode"] = True
 
@@ -253,9 +252,7 @@ def train_classifier(
         meta = _read_meta(path.with_suffix(".json"))
         reason = _same_run(meta, cfg, data)
         if reason is not None:
-            raise ValueError(
-                f"out_dir {str(out_dir)!r} holds checkpoint {path.name} of another run: {reason}"
-            )
+            raise ValueError(f"out_dir {str(out_dir)!r} holds checkpoint {path.name} of another run: {reason}")
         if (
             step <= cfg.steps
             and _optim_path(out_dir, step).is_file()
@@ -285,14 +282,10 @@ def train_classifier(
     perm_cache: dict = {}
     todo = set(targets)
     t_start = time.perf_counter()
-    bar = tqdm(
-        total=cfg.steps, initial=resume_step, disable=not progress, desc=f"train {data.name}", unit="step"
-    )
+    bar = tqdm(total=cfg.steps, initial=resume_step, disable=not progress, desc=f"train {data.name}", unit="step")
     try:
         for t in range(resume_step, cfg.steps):
-            idx = torch.from_numpy(_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(
-                device
-            )
+            idx = torch.from_numpy(_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(device)
             loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -356,9 +349,7 @@ def _checkpoint(model, opt, cfg, data, out_dir, step, tensors, wall) -> dict:
     return meta
 
 
-def load_classifier(
-    path: str | os.PathLike, config: ClassifierConfig | None = None
-) -> tuple[Classifier, dict]:
+def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = None) -> tuple[Classifier, dict]:
     """Load a checkpoint written by :func:`train_classifier`.
 
     Parameters
@@ -401,9 +392,7 @@ def load_classifier(
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if want != got:
-        raise ValueError(
-            f"checkpoint {str(path)!r} tensors {got} do not match its config, which needs {want}"
-        )
+        raise ValueError(f"checkpoint {str(path)!r} tensors {got} do not match its config, which needs {want}")
     for k, v in tensors.items():
         if not torch.isfinite(v).all():
             raise ValueError(f"checkpoint {str(path)!r} tensor {k!r} has non-finite values")

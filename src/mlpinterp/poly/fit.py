@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
@@ -76,7 +77,10 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
 
         return fit_mixture_linear(network, distribution, degree)
     if method in ("auto", "exact", "cg", "dense"):
-        from mlpinterp.poly.mixture_quadratic import fit_mixture
+        from mlpinterp.poly.mixture_quadratic import MAX_DENSE_FEATURES, fit_mixture
+
+        if method in ("auto", "exact") and math.comb(network.d_in + degree, degree) <= MAX_DENSE_FEATURES:
+            method = "dense"  # small feature space: one direct solve beats any iteration
 
         return fit_mixture(network, distribution, degree, method=method, **options)
     raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")

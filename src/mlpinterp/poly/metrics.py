@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpinterp.gaussian.bivariate import gauss_product_ev
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import MLP, validate_network
 from mlpinterp.poly.approximant import RidgePolynomial
@@ -104,6 +103,7 @@ def _is_own_ridge(network, p, dist: Gaussian) -> bool:
 
 def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian) -> FVUResult:
     """Exact FVU of an MLP's own ridge approximant under one Gaussian (see module docstring)."""
+    from mlpinterp.gaussian.bivariate import gauss_product_ev
     from mlpinterp.gaussian.univariate import hermite_coefficients
 
     W = network.W1

@@ -1,1 +1,40 @@
-"""sae"""
+"""Activation space: TopK sparse autoencoders and Mutual Feature Regularization (Marks et al. 2024).
+
+Modules: ``topk`` (the SAE, sparsify/SAELens artefacts), ``metrics`` (MSE, FVU, L0, dead fraction, MMCS),
+``mfr`` (N-SAE trainer with the MFR penalty and re-initialisation; DDP and ensemble-parallel),
+``synthetic`` (data with known features), ``analysis`` (similarity to the truth, shared-but-false features),
+``activations`` (hook points of any torch module fed by real text), ``evaluate`` (loss recovered).
+"""
+
+from mlpinterp.sae.analysis import cross_truth_correlation, feature_similarities, mmcs_to_truth, shared_false_cluster
+from mlpinterp.sae.metrics import cosine_matrix, dead_fraction, firing_counts, fvu, hungarian_match, l0, mmcs, mse
+from mlpinterp.sae.mfr import INACTIVITY_MEASURES, Distributed, MfrConfig, MfrTrainer, mfr_penalty
+from mlpinterp.sae.synthetic import SyntheticBatch, SyntheticConfig, SyntheticData
+from mlpinterp.sae.topk import EncoderOutput, ForwardOutput, SaeConfig, TopKSae
+
+__all__ = [
+    "INACTIVITY_MEASURES",
+    "Distributed",
+    "EncoderOutput",
+    "ForwardOutput",
+    "MfrConfig",
+    "MfrTrainer",
+    "SaeConfig",
+    "SyntheticBatch",
+    "SyntheticConfig",
+    "SyntheticData",
+    "TopKSae",
+    "cosine_matrix",
+    "cross_truth_correlation",
+    "dead_fraction",
+    "feature_similarities",
+    "firing_counts",
+    "fvu",
+    "hungarian_match",
+    "l0",
+    "mfr_penalty",
+    "mmcs",
+    "mmcs_to_truth",
+    "mse",
+    "shared_false_cluster",
+]

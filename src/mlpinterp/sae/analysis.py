@@ -61,7 +61,7 @@ def cross_truth_correlation(decoders: list[Tensor], features: Tensor) -> dict:
     """Pearson ``r`` (and p-value, n) between cross-SAE and truth similarity over all latents of all SAEs."""
     sims = feature_similarities(decoders, features)
     a, b = sims.cross.ravel(), sims.truth.ravel()
-    if np.std(a) == 0 or np.std(b) == 0:
+    if np.ptp(a) < 1e-9 or np.ptp(b) < 1e-9:  # constant input: correlation undefined
         return {"r": float("nan"), "p": float("nan"), "n": int(a.size)}
     res = stats.pearsonr(a, b)
     return {"r": float(res.statistic), "p": float(res.pvalue), "n": int(a.size)}

@@ -205,6 +205,30 @@ class Distributed:
     def world(self) -> int:
         return dist.get_world_size() if self.mode != "none" else 1
 
+    def local_batch(self, x: Tensor) -> Tensor:
+        """This rank's share of a global batch ``[batch, d_in]`` (contiguous slice in ddp mode, else all of it).
+
+        Raises ``ValueError`` in ddp mode when ``batch`` is not divisible by the world size.
+        """
+        if self.mode != "ddp":
+            return x
+        world, rank = self.world, self.rank
+        if x.shape[0] % world:
+            raise ValueError(f"batch size {x.shape[0]} must be divisible by the world size {world} in ddp mode")
+        n = x.shape[0] // world
+        return x[rank * n:(rank + 1) * n]
+
+
+def init_distributed(mode: Literal["none", "ddp", "ensemble"]) -> Distributed:
+    """Initialise ``torch.distributed`` from torchrun's environment (NCCL with CUDA, gloo otherwise)."""
+    if mode not in ("none", "ddp", "ensemble"):
+        raise ValueError(f"mode must be 'none', 'ddp' or 'ensemble', got {mode!r}")
+    if mode != "none" and not dist.is_initialized():
+        if "RANK" not in os.environ:
+            raise ValueError(f"mode={mode!r} must be launched with torchrun (RANK/WORLD_SIZE are not set)")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Distributed(mode)
+
 
 def _sum_ranks(t: Tensor) -> Tensor:
     t = t.detach().clone()

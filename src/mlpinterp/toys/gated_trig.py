@@ -38,8 +38,18 @@ class GatedTrigMLP(nn.Module):
         self.d_resid, self.d_mlp, self.n_layers, self.n_functions = d_resid, d_mlp, n_layers, n_functions
         self.layers = nn.ModuleList([MLPBlock(d_resid, d_mlp) for _ in range(n_layers)])
 
+    def embed(self, inp: torch.Tensor) -> torch.Tensor:
+        """``[..., 1 + n_functions] -> [..., d_resid]``: append the (zero) output slot."""
+        return torch.cat([inp, torch.zeros_like(inp[..., :1])], dim=-1)
+
+    def readout_weight(self) -> torch.Tensor:
+        """``[1, d_resid]`` selecting the last residual dimension (output = ``r @ W^T``)."""
+        w = torch.zeros(1, self.d_resid, dtype=self.layers[0].mlp_in.weight.dtype)
+        w[0, -1] = 1.0
+        return w
+
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
-        r = torch.cat([inp, torch.zeros_like(inp[..., :1])], dim=-1)
+        r = self.embed(inp)
         for layer in self.layers:
             r = r + layer(r)
         return r[..., -1:]

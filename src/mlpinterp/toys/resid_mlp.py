@@ -57,11 +57,19 @@ class ResidualMLP(nn.Module):
         self.register_buffer("W_E", W_E.clone())
         self.layers = nn.ModuleList([MLPBlock(d_embed, d_mlp) for _ in range(n_layers)])
 
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., n_features] -> [..., d_embed]``: the residual stream before the first block."""
+        return x @ self.W_E
+
+    def readout_weight(self) -> torch.Tensor:
+        """``W_U = W_E^T`` as an ``[out, in]`` matrix: ``[n_features, d_embed]`` (output = ``r @ W_U^T``)."""
+        return self.W_E
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        r = x @ self.W_E
+        r = self.embed(x)
         for layer in self.layers:
             r = r + layer(r)
-        return r @ self.W_E.T
+        return r @ self.readout_weight().T
 
     def target_names(self) -> list[str]:
         """The ``nn.Linear`` modules APD decomposes: every ``mlp_in`` and ``mlp_out``."""

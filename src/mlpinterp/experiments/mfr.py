@@ -1,0 +1,394 @@
+"""Reproduction of Marks et al. 2024 (MFR, arXiv 2411.01220): synthetic data and real MiniLM activations.
+
+``run_synthetic``: for every ``k`` (TopK k = active features per sample K) and seed, three conditions on the
+same data stream: ``baseline`` (N independent SAEs), ``reinit`` (re-initialisation only) and ``mfr``
+(penalty + re-initialisation). Measured: Hungarian MMCS of each SAE to the true features, FVU on held-out
+data, the correlation between cross-SAE similarity and similarity to the truth (paper sec. 4.1: 0.625
+baseline, 0.668 with re-initialisation) and the shared-but-false feature cluster with its firing rate.
+
+``run_minilm``: SAEs on the residual stream of all-MiniLM-L6-v2 (default ``encoder.layer.3.output``) fed by
+the bundled text; baseline vs MFR per ``k``: FVU, L0, dead fraction and sentence-embedding loss recovered.
+The paper's real-model experiment is on GPT-2 Small (reconstruction improved by up to 21.21 %); MiniLM is
+the embedded stand-in, so only the direction of the effect is comparable.
+
+Outputs in ``out``: ``metrics.json``, ``report.md``, PNG figures, and one directory of SAEs per run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlpinterp.sae.analysis import cross_truth_correlation, mmcs_to_truth, shared_false_cluster
+from mlpinterp.sae.metrics import firing_counts, mmcs
+from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
+from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
+from mlpinterp.sae.topk import SaeConfig
+from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json
+
+PAPER = {
+    "synthetic_correlation_baseline": 0.625,
+    "synthetic_correlation_reinit": 0.668,
+    "gpt2_max_reconstruction_improvement_pct": 21.21,
+    "eeg_max_reconstruction_improvement_pct": 6.67,
+}
+"""Numbers quoted in Marks et al. 2024 (abstract and sec. 4)."""
+
+CONDITIONS = {"baseline": (False, False), "reinit": (False, True), "mfr": (True, True)}
+"""Condition -> (penalty, reinit)."""
+
+
+@dataclass(frozen=True)
+class SyntheticExperiment:
+    """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
+
+    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
+    """TopK k, also the number of active features K per sample."""
+
+    seeds: int = 3
+    """Seeds per (k, condition)."""
+
+    n_saes: int = 2
+    """SAEs trained in parallel."""
+
+    steps: int = 4000
+    """Optimisation steps per run."""
+
+    batch_size: int = 1024
+    """Samples per step."""
+
+    d_sae: int = 512
+    """Latents (= G, the number of true features)."""
+
+    tied: bool = True
+    """Tied decoder (the paper's setting)."""
+
+    inactivity_threshold: float = 0.5
+    """Re-initialise above this cubed relative deviation (about 35 % dead latents)."""
+
+    reinit_until_frac: float = 0.5
+    """No re-initialisation in the second half of training."""
+
+    eval_samples: int = 8192
+    """Held-out samples for FVU and firing rates."""
+
+    @classmethod
+    def quick(cls, **kw) -> SyntheticExperiment:
+        """Small budget (a few minutes on a CPU core): 600 steps of 512 samples."""
+        return cls(**{"steps": 600, "batch_size": 512, "eval_samples": 4096, **kw})
+
+
+def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
+    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x``."""
+    fvus, rates, l0s = [], [], []
+    with torch.no_grad():
+        for sae in trainer.saes:
+            out = sae(x.to(sae.device, sae.dtype))
+            fvus.append(float(out.fvu))
+            rates.append((firing_counts(out.latent_acts, out.latent_indices, sae.cfg.d_sae).double()
+                          / x.shape[0]).numpy())
+            l0s.append(float((out.latent_acts > 0).sum(-1).double().mean()))
+    return fvus, np.stack(rates), l0s
+
+
+def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticExperiment(), *,
+                  quiet: bool = False, device: str = "cpu") -> dict:
+    """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
+    out = Path(out)
+    results: list[dict] = []
+    t_start = time.time()
+    for k in exp.k_values:
+        for seed in range(exp.seeds):
+            data = SyntheticData(SyntheticConfig(k_active=k, seed=seed))
+            held = data.batch(10_000_000, exp.eval_samples).x  # far beyond any training index
+            for cond, (penalty, reinit) in CONDITIONS.items():
+                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
+                done = run_dir / "result.json"
+                if done.exists():
+                    import json
+
+                    results.append(json.loads(done.read_text()))
+                    continue
+                cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k, tied=exp.tied), n_saes=exp.n_saes,
+                                penalty=penalty, reinit=reinit, inactivity_threshold=exp.inactivity_threshold,
+                                reinit_until=int(exp.steps * exp.reinit_until_frac), seed=1000 + seed)
+                trainer = MfrTrainer(256, cfg, device=device)
+                trainer.load_checkpoint(run_dir)
+                t0 = time.time()
+                trainer.fit(data.stream(exp.batch_size, start=trainer.step), exp.steps, quiet=quiet,
+                            checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
+                            desc=f"k={k} seed={seed} {cond}")
+                decs = [s.W_dec.detach().cpu() for s in trainer.saes]
+                fvus, rates, l0s = _eval_saes(trainer, held)
+                res = {
+                    "k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0,
+                    "mmcs_truth": [mmcs_to_truth(w, data.features) for w in decs],
+                    "mmcs_cross": float(np.mean([float(mmcs(decs[i].double(), decs[j].double()))
+                                                 for i in range(len(decs)) for j in range(i + 1, len(decs))])),
+                    "fvu": fvus, "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
+                    "correlation": cross_truth_correlation(decs, data.features),
+                    "shared_false": shared_false_cluster(decs, data.features, rates),
+                    "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+                }
+                atomic_write_json(done, res)
+                results.append(res)
+    summary = _summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
+    metrics = {"setting": "synthetic", "experiment": asdict(exp), "paper": PAPER, "runs": results,
+               "summary": summary, "seconds": time.time() - t_start}
+    atomic_write_json(out / "metrics.json", metrics)
+    _figures_synthetic(out, exp, results)
+    _report(out, metrics)
+    return metrics
+
+
+def _value(r: dict, key: str) -> float:
+    v = r[key]
+    if isinstance(v, dict):
+        v = v["r"]
+    return float(np.mean(v))
+
+
+def _summarise(results: list[dict], keys: list[str]) -> dict:
+    """Mean and standard error over seeds, per (condition, k)."""
+    summary: dict = {}
+    for cond in sorted({r["condition"] for r in results}):
+        for k in sorted({r["k"] for r in results}):
+            rs = [r for r in results if r["condition"] == cond and r["k"] == k]
+            if not rs:
+                continue
+            entry = {}
+            for key in keys:
+                vals = np.array([_value(r, key) for r in rs if key in r], dtype=np.float64)
+                vals = vals[np.isfinite(vals)]
+                entry[key] = {"mean": float(vals.mean()) if vals.size else float("nan"),
+                              "se": float(vals.std(ddof=1) / np.sqrt(vals.size)) if vals.size > 1 else float("nan"),
+                              "n": int(vals.size)}
+            summary.setdefault(cond, {})[str(k)] = entry
+    return summary
+
+
+def _savefig(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = _summarise(results, ["mmcs_truth", "fvu", "correlation"])
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, label in zip(axes, ["mmcs_truth", "fvu", "correlation"],
+                              ["MMCS to true features (Hungarian)", "held-out FVU",
+                               "corr(cross-SAE sim., truth sim.)"], strict=True):
+        for cond in CONDITIONS:
+            if cond not in summary:
+                continue
+            ks = sorted(int(k) for k in summary[cond])
+            m = [summary[cond][str(k)][key]["mean"] for k in ks]
+            se = [np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks]
+            ax.errorbar(ks, m, yerr=se, marker="o", capsize=3, label=cond)
+        if key == "correlation":
+            ax.axhline(PAPER["synthetic_correlation_baseline"], ls="--", c="C0", lw=1, label="paper baseline")
+            ax.axhline(PAPER["synthetic_correlation_reinit"], ls="--", c="C1", lw=1, label="paper reinit")
+        ax.set_xlabel("k (= active features per sample)")
+        ax.set_title(label)
+        ax.legend(fontsize=8)
+    _savefig(fig, out / "synthetic_summary.png")
+    plt.close(fig)
+
+
+def _report(out: Path, metrics: dict) -> None:
+    s = metrics["summary"]
+    lines = [f"# MFR reproduction: {metrics['setting']}", "",
+             "Marks et al. 2024, *Enhancing Neural Network Interpretability with Feature-Aligned Sparse "
+             "Autoencoders* (arXiv 2411.01220). Mean ± standard error over seeds.", ""]
+    if metrics["setting"] == "synthetic":
+        lines += ["| k | condition | MMCS to truth | held-out FVU | cross-SAE MMCS | corr(cross, truth) | "
+                  "paper corr | re-inits |", "|---|---|---|---|---|---|---|---|"]
+        paper = {"baseline": PAPER["synthetic_correlation_baseline"], "reinit": PAPER["synthetic_correlation_reinit"]}
+        for cond in CONDITIONS:
+            for k, e in sorted(s.get(cond, {}).items(), key=lambda kv: int(kv[0])):
+                lines.append(f"| {k} | {cond} | {_fmt(e['mmcs_truth'])} | {_fmt(e['fvu'])} | {_fmt(e['mmcs_cross'])} "
+                             f"| {_fmt(e['correlation'])} | {paper.get(cond, '—')} | {e['n_reinits']['mean']:.1f} |")
+        lines += ["", "Shared-but-false cluster (cross-SAE similarity >= 0.9, truth similarity < 0.5):", "",
+                  "| k | condition | seed | count | fraction | firing rate in cluster | firing rate elsewhere |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in metrics["runs"]:
+            c = r["shared_false"]
+            lines.append(f"| {r['k']} | {r['condition']} | {r['seed']} | {c['count']} | {c['fraction']:.4f} | "
+                         f"{c['rate_in_cluster']:.4g} | {c['rate_outside']:.4g} |")
+        lines += ["", "![summary](synthetic_summary.png)"]
+    else:
+        lines += ["| k | condition | held-out FVU | L0 | dead fraction | cosine recovered | MSE recovered |",
+                  "|---|---|---|---|---|---|---|"]
+        for cond in ("baseline", "mfr"):
+            for k, e in sorted(s.get(cond, {}).items(), key=lambda kv: int(kv[0])):
+                lines.append(f"| {k} | {cond} | {_fmt(e['fvu'])} | {_fmt(e['l0'])} | {_fmt(e['dead_fraction'])} | "
+                             f"{_fmt(e['cosine_recovered'])} | {_fmt(e['mse_recovered'])} |")
+        lines += ["", "Relative reconstruction improvement of MFR over the baseline (FVU), per k: "
+                  + ", ".join(f"k={k}: {v:+.2f} %" for k, v in metrics.get("improvement_pct", {}).items()),
+                  f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} %).", "",
+                  "![summary](minilm_summary.png)"]
+    lines += ["", f"Total time: {metrics['seconds']:.0f} s."]
+    atomic_write_bytes(out / "report.md", ("\n".join(lines) + "\n").encode())
+
+
+def _fmt(e: dict) -> str:
+    if not np.isfinite(e["mean"]):
+        return "—"
+    return f"{e['mean']:.4f}" + (f" ± {e['se']:.4f}" if np.isfinite(e["se"]) else "")
+
+
+# ----------------------------------------------------------------------------- MiniLM
+@dataclass(frozen=True)
+class MinilmExperiment:
+    """Settings of the MiniLM reproduction."""
+
+    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
+    """TopK k values."""
+
+    seeds: int = 1
+    """Seeds per (k, condition)."""
+
+    hook_point: str = "encoder.layer.3.output"
+    """Residual stream after block 3 (d_in = 384)."""
+
+    n_saes: int = 2
+    """SAEs trained in parallel."""
+
+    d_sae: int = 3072
+    """Latents (expansion factor 8)."""
+
+    steps: int = 2000
+    """Optimisation steps."""
+
+    batch_size: int = 2048
+    """Activations per step."""
+
+    ctx_len: int = 128
+    """Tokens per sequence."""
+
+    train_chunks: int = 4000
+    """Text chunks used for training activations."""
+
+    eval_chunks: int = 64
+    """Held-out chunks (wikitext-2 test) for FVU and loss recovered."""
+
+    rematch_every: int = 10
+    """Hungarian re-matching period (steps)."""
+
+    inactivity_threshold: float = 0.5
+    """Re-initialise above this cubed relative deviation."""
+
+    @classmethod
+    def quick(cls, **kw) -> MinilmExperiment:
+        """A few minutes on a CPU core."""
+        return cls(**{"d_sae": 1536, "steps": 150, "batch_size": 1024, "ctx_len": 64, "train_chunks": 600,
+                      "eval_chunks": 16, "rematch_every": 25, **kw})
+
+
+def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
+               device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
+    """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
+    import json
+
+    from mlpinterp.sae.activations import ActivationConfig, ActivationSource, load_model, read_texts, token_chunks
+    from mlpinterp.sae.activations import DEFAULT_TEXT_DIR
+    from mlpinterp.sae.evaluate import embedding_recovered
+
+    out = Path(out)
+    t_start = time.time()
+    model, tok = load_model("minilm")
+    text_dir = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
+    files = sorted(text_dir.glob("*.txt"))
+    eval_files = [f for f in files if "test" in f.name] or files[-1:]
+    train_files = [f for f in files if f not in eval_files] or files
+    eval_ids = token_chunks(tok, read_texts(eval_files), exp.ctx_len, exp.eval_chunks)
+    acfg = ActivationConfig(hook_point=exp.hook_point, ctx_len=exp.ctx_len, batch_size=exp.batch_size,
+                            buffer_size=max(16 * exp.batch_size, 65536), max_chunks=exp.train_chunks)
+    train_texts = read_texts(train_files)
+    cache = out / "activation_cache"
+    # fill the cache once; every run then streams from it with its own shuffle
+    warm = ActivationSource(model, tok, acfg, texts=train_texts, cache_dir=cache)
+    if not (cache / "manifest.json").exists():
+        for _ in warm._cached_stream(0):
+            pass
+    from mlpinterp.sae.activations import hook_activations
+
+    held = hook_activations(model, exp.hook_point, eval_ids)
+    held = held[~torch.isin(eval_ids, torch.tensor(tok.all_special_ids))].float()
+    results: list[dict] = []
+    for k in exp.k_values:
+        for seed in range(exp.seeds):
+            for cond in ("baseline", "mfr"):
+                penalty, reinit = CONDITIONS[cond]
+                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
+                done = run_dir / "result.json"
+                if done.exists():
+                    results.append(json.loads(done.read_text()))
+                    continue
+                src = ActivationSource(model, tok, replace(acfg, seed=seed), texts=train_texts, cache_dir=cache)
+                cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
+                                reinit=reinit, rematch_every=exp.rematch_every,
+                                inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
+                                seed=2000 + seed)
+                trainer = MfrTrainer(held.shape[1], cfg, device=device)
+                t0 = time.time()
+                trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
+                            checkpoint_every=max(exp.steps // 4, 1), desc=f"k={k} seed={seed} {cond}")
+                fvus, rates, l0s = _eval_saes(trainer, held)
+                rec = [embedding_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
+                res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
+                       "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
+                       "cosine_recovered": [r["cosine_recovered"] for r in rec],
+                       "mse_recovered": [r["mse_recovered"] for r in rec], "embedding": rec,
+                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha}
+                atomic_write_json(done, res)
+                results.append(res)
+    keys = ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
+    summary = _summarise(results, keys)
+    improvement = {}
+    for k in exp.k_values:
+        b, m = summary.get("baseline", {}).get(str(k)), summary.get("mfr", {}).get(str(k))
+        if b and m:
+            improvement[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
+    metrics = {"setting": "minilm", "experiment": asdict(exp), "paper": PAPER, "runs": results,
+               "summary": summary, "improvement_pct": improvement, "seconds": time.time() - t_start}
+    atomic_write_json(out / "metrics.json", metrics)
+    _figures_minilm(out, summary)
+    _report(out, metrics)
+    return metrics
+
+
+def _figures_minilm(out: Path, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, label in zip(axes, ["fvu", "cosine_recovered", "dead_fraction"],
+                              ["held-out FVU", "sentence-embedding cosine recovered", "dead fraction"], strict=True):
+        for cond in ("baseline", "mfr"):
+            if cond not in summary:
+                continue
+            ks = sorted(int(k) for k in summary[cond])
+            ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks],
+                        yerr=[np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks],
+                        marker="o", capsize=3, label=cond)
+        ax.set_xlabel("k")
+        ax.set_title(label)
+        ax.legend(fontsize=8)
+    _savefig(fig, out / "minilm_summary.png")
+    plt.close(fig)

@@ -1,0 +1,61 @@
+"""``mlpinterp approx``: weights files in, approximant + FVU out; bad files give clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+from typer.testing import CliRunner
+
+from mlpinterp import MLP, Gaussian, fit_polynomial, load_polynomial
+from mlpinterp.cli.main import app
+from tests.cli_utils import flat
+
+
+def _weights(tmp_path, rng):
+    W1, b1 = rng.standard_normal((6, 3)), rng.normal(0, 0.3, 6)
+    W2, b2 = rng.standard_normal((2, 6)), np.zeros(2)
+    path = tmp_path / "w.npz"
+    np.savez(path, W1=W1, b1=b1, W2=W2, b2=b2)
+    return path, MLP(W1, b1, W2, b2, "gelu")
+
+
+def test_approx_writes_the_same_approximant_as_the_api(tmp_path):
+    rng = np.random.default_rng(0)
+    path, net = _weights(tmp_path, rng)
+    L = rng.standard_normal((3, 3))
+    mean, cov = rng.standard_normal(3), L @ L.T
+    np.save(tmp_path / "mean.npy", mean)
+    np.save(tmp_path / "cov.npy", cov)
+    r = CliRunner().invoke(app, ["approx", str(path), "--degree", "2", "--activation", "gelu", "--mean",
+                                 str(tmp_path / "mean.npy"), "--cov", str(tmp_path / "cov.npy"), "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    assert "FVU =" in flat(r.output) and "exact" in flat(r.output)
+    q = load_polynomial(tmp_path / "p.safetensors")
+    p = fit_polynomial(net, Gaussian(mean, cov), 2)
+    X = rng.standard_normal((10, 3))
+    np.testing.assert_allclose(q(X), p(X), rtol=1e-12)
+
+
+def test_approx_bad_inputs(tmp_path):
+    rng = np.random.default_rng(1)
+    path, _ = _weights(tmp_path, rng)
+    runner = CliRunner()
+    r = runner.invoke(app, ["approx", str(tmp_path / "missing.npz"), "--activation", "relu"])
+    assert r.exit_code != 0 and "does not exist" in flat(r.output)
+    r = runner.invoke(app, ["approx", str(path)])
+    assert r.exit_code != 0 and "--activation" in flat(r.output)
+    r = runner.invoke(app, ["approx", str(path), "--activation", "nope"])
+    assert r.exit_code != 0 and "activation" in flat(r.output).lower()
+    r = runner.invoke(app, ["approx", str(path), "--activation", "relu", "--degree", "-1"])
+    assert r.exit_code != 0 and "degree" in flat(r.output)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    r = runner.invoke(app, ["approx", str(bad), "--activation", "relu"])
+    assert r.exit_code != 0 and "not a valid .npz" in flat(r.output)
+    other = tmp_path / "other.npz"
+    np.savez(other, A=np.ones(3))
+    r = runner.invoke(app, ["approx", str(other), "--activation", "relu"])
+    assert r.exit_code != 0 and "expected W1" in flat(r.output)
+    trunc = tmp_path / "t.safetensors"
+    trunc.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    r = runner.invoke(app, ["approx", str(trunc), "--activation", "relu"])
+    assert r.exit_code != 0 and "safetensors" in flat(r.output)
