@@ -53,7 +53,7 @@ else:
     from sae_lens.saes.sae import TrainStepInput
     def step(x):
         out = sae.training_forward_pass(TrainStepInput(sae_in=x, coefficients={}, dead_neuron_mask=None,
-                                                       n_training_steps=0))
+                                                       n_training_steps=0, is_logging_step=False))
         out.loss.backward()
         opt.step(); opt.zero_grad()
 for i in range(2):
@@ -105,6 +105,43 @@ def bench_other(python: str, which: str, steps: int, threads: int) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+_LAYOUT_CHECK = r'''
+import json, sys, torch
+d = torch.load(sys.argv[1] + "/xy.pt")
+res = {}
+from sparsify import Sae
+res["sparsify_max_abs_diff"] = float((Sae.load_from_disk(sys.argv[1] + "/sparsify")(d["x"]).sae_out - d["y"]).abs().max())
+from sae_lens import SAE
+res["saelens_max_abs_diff"] = float((SAE.load_from_disk(sys.argv[1] + "/saelens")(d["x"]) - d["y"]).abs().max())
+print(json.dumps(res))
+'''
+
+
+def check_layouts(python: str) -> dict:
+    """Save one of our SAEs in both layouts and let sparsify / SAELens load it and reproduce its output."""
+    import tempfile
+
+    import torch
+
+    from mlpinterp.sae.topk import SaeConfig, TopKSae
+
+    if not os.path.exists(python):
+        return {"skipped": f"{python} does not exist"}
+    with tempfile.TemporaryDirectory() as tmp:
+        sae = TopKSae(D_IN, SaeConfig(d_sae=D_SAE, k=K), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            sae.encoder.bias.normal_(generator=torch.Generator().manual_seed(2))
+            sae.b_dec.normal_(generator=torch.Generator().manual_seed(3))
+        sae.save(f"{tmp}/sparsify")
+        sae.save(f"{tmp}/saelens", layout="saelens")
+        x = torch.randn(256, D_IN, generator=torch.Generator().manual_seed(4))
+        torch.save({"x": x, "y": sae(x).sae_out.detach()}, f"{tmp}/xy.pt")
+        p = subprocess.run([python, "-c", _LAYOUT_CHECK, tmp], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        return {"skipped": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else str(p.returncode)}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
@@ -132,6 +169,8 @@ def main() -> None:
     if best:
         res["ratio_vs_fastest"] = res["ours"]["acts_per_s"] / best
         print(f"  ratio vs the faster of the two: {res['ratio_vs_fastest']:.2f}x")
+    res["layouts"] = check_layouts(args.other_python)
+    print(f"  artefacts loaded by the other libraries, output max |diff|: {res['layouts']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

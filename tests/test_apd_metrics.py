@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def tms_gt():
-    model, _ = train_tms(TMSConfig(n_features=5, d_hidden=2, steps=1500, batch_size=512, n_instances=4), quiet=True)
+    model, _ = train_tms(TMSConfig(n_features=5, d_hidden=2, steps=800, batch_size=512, n_instances=2), quiet=True)
     model.requires_grad_(False)
     A, B = tms_ground_truth(model)
     comps = Components.from_weights(resolve_sites(model, ["W"]), {"W": A @ B})

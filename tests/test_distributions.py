@@ -87,3 +87,17 @@ def test_from_labels_validation():
         GaussianMixture.from_labels(np.zeros((5, 2)), np.zeros(4))
     with pytest.raises(ValueError, match=">= 2 samples"):
         GaussianMixture.from_labels(np.random.default_rng(0).standard_normal((5, 2)), np.array([0, 0, 0, 0, 1]))
+
+
+def test_ledoit_wolf_shrinkage_matches_sklearn_estimator():
+    from sklearn.covariance import LedoitWolf
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((30, 40)) * np.linspace(0.01, 1, 40)  # n < d: the empirical covariance is singular
+    g = Gaussian.from_data(X, shrinkage="ledoit-wolf")
+    np.testing.assert_allclose(g.cov, LedoitWolf().fit(X).covariance_, rtol=1e-12)
+    assert not g.is_singular and Gaussian.from_data(X).is_singular
+    mix = GaussianMixture.from_labels(X, np.arange(30) % 2, shrinkage="ledoit-wolf")
+    np.testing.assert_allclose(mix.covs[1], LedoitWolf().fit(X[1::2]).covariance_, rtol=1e-12)
+    with pytest.raises(ValueError, match="shrinkage"):
+        Gaussian.from_data(X, shrinkage="oas")

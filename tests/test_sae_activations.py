@@ -116,3 +116,15 @@ def test_wrong_width_sae_is_rejected(minilm):
 def test_gpt2_by_name_without_weights_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not available locally"):
         load_model(str(tmp_path / "no-such-model"))
+
+
+def test_rank_shards_partition_the_chunks(minilm):
+    model, tok = minilm
+    full = ActivationSource(model, tok, ActivationConfig(hook_point="encoder.layer.0", ctx_len=16, max_chunks=9),
+                            texts=TEXT).chunks
+    parts = [ActivationSource(model, tok, ActivationConfig(hook_point="encoder.layer.0", ctx_len=16, max_chunks=9,
+                                                           rank=r, world=2), texts=TEXT).chunks for r in range(2)]
+    assert parts[0].shape[0] + parts[1].shape[0] == full.shape[0] == 9
+    assert sorted(map(tuple, torch.cat(parts).tolist())) == sorted(map(tuple, full.tolist()))
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world=2\), got 2"):
+        ActivationConfig(hook_point="x", rank=2, world=2)

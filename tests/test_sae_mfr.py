@@ -103,8 +103,16 @@ def test_reinit_resets_a_dead_sae_and_its_optimiser():
     assert tr.opts[1].state  # Adam has state after a step
     tr.train_step(data.batch(1, 64).x)
     assert tr.reinit_events == [{"step": 2, "sae": 1, "measure": 1.0}]
-    assert float(tr.saes[1].encoder.bias.abs().max()) == 0.0 and not tr.opts[1].state
+    assert float(tr.saes[1].encoder.bias.detach().abs().max()) == 0.0 and not tr.opts[1].state
     torch.testing.assert_close(tr.saes[1].W_dec.norm(dim=1), torch.ones(32))
+
+
+def test_b_dec_starts_at_the_first_batch_mean():
+    x = _data().batch(0, 64).x
+    tr = MfrTrainer(12, _tiny_cfg(lr=0.0, penalty=False))
+    tr.train_step(x)
+    for sae in tr.saes:
+        torch.testing.assert_close(sae.b_dec.detach(), x.mean(0))
 
 
 def test_auto_alpha_and_cosine_warmup():

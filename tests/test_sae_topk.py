@@ -25,7 +25,7 @@ def _brute_force(sae: TopKSae, x: torch.Tensor) -> torch.Tensor:
     for b in range(x.shape[0]):
         order = sorted(range(sae.cfg.d_sae), key=lambda j: -float(pre[b, j].detach()))[: sae.cfg.k]
         for j in order:
-            out[b] += max(float(pre[b, j]), 0.0) * sae.W_dec[j]
+            out[b] += max(float(pre[b, j].detach()), 0.0) * sae.W_dec[j]
     return out + sae.b_dec
 
 
@@ -98,18 +98,18 @@ def test_identity_sae_reconstructs_exactly():
     x = torch.randn(40, 7, dtype=torch.float64)
     out = identity_sae(7, dtype=torch.float64)(x)
     torch.testing.assert_close(out.sae_out, x)
-    assert float(out.fvu) < 1e-24
+    assert float(out.fvu.detach()) < 1e-24
 
 
 def test_auxk_only_uses_dead_latents_and_is_zero_without_them():
     sae = _sae(d_sae=12, k=2)
     x = torch.randn(30, 6, dtype=torch.float64)
-    assert float(sae(x).auxk_loss) == 0.0
-    assert float(sae(x, dead_mask=torch.zeros(12, dtype=torch.bool)).auxk_loss) == 0.0
+    assert float(sae(x).auxk_loss.detach()) == 0.0
+    assert float(sae(x, dead_mask=torch.zeros(12, dtype=torch.bool)).auxk_loss.detach()) == 0.0
     dead = torch.zeros(12, dtype=torch.bool)
     dead[[0, 5, 7]] = True
     out = sae(x, dead_mask=dead)
-    assert float(out.auxk_loss) > 0
+    assert float(out.auxk_loss.detach()) > 0
     out.auxk_loss.backward()
     # Only the dead latents' encoder rows receive gradient from AuxK.
     g = sae.encoder.weight.grad.abs().sum(1)
@@ -166,6 +166,10 @@ def test_bad_inputs():
         sae(torch.zeros(4, 5, dtype=torch.float64))
     with pytest.raises(TypeError, match="floating-point"):
         sae(torch.zeros(4, 6, dtype=torch.int64))
+    bad = torch.zeros(4, 6, dtype=torch.float64)
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains 1 non-finite value\(s\)"):
+        sae(bad)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         sae([[0.0] * 6])
     with pytest.raises(ValueError, match="dead_mask must have shape"):

@@ -97,12 +97,11 @@ def _forward_mode(model: nn.Module, comps: Components, x: torch.Tensor, base: bo
     inputs: dict[str, torch.Tensor] = {}
     handles = [model.get_submodule(s.name).register_forward_pre_hook(
         lambda _m, args, n=s.name: inputs.__setitem__(n, args[0])) for s in lin]
-    try:
-        with torch.no_grad():
-            if base:
-                model(x)
-            else:
-                run_with_components(model, comps, x, None, base=False)
+    try:  # (under the caller's grad mode: the Lp variant differentiates through the site inputs too)
+        if base:
+            model(x)
+        else:
+            run_with_components(model, comps, x, None, base=False)
     finally:
         for h in handles:
             h.remove()

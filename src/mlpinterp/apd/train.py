@@ -136,7 +136,8 @@ class APDConfig:
 
 @dataclass
 class APDResult:
-    """Output of :func:`decompose`: the components, the metric history and the wall time (s)."""
+    """Output of :func:`decompose`: the components, the metric history and the wall time (s, summed over
+    resumed sessions)."""
 
     components: Components
     config: APDConfig
@@ -200,15 +201,16 @@ def apd_losses(model: nn.Module, comps: Components, x: torch.Tensor, cfg: APDCon
 
 
 def _save_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, step: int, cfg: APDConfig,
-                     history: list[dict]) -> None:
+                     history: list[dict], seconds: float) -> None:
     tensors = {f"comp.{k}": v.detach() for k, v in comps.state_dict().items()}
     for i, st in opt.state_dict()["state"].items():
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    save_tensors(path, tensors, {"step": step, "config": asdict(cfg), "history": history})
+    save_tensors(path, tensors, {"step": step, "config": asdict(cfg), "history": history, "seconds": seconds})
 
 
-def _load_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, cfg: APDConfig) -> tuple[int, list]:
+def _load_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer,
+                     cfg: APDConfig) -> tuple[int, list, float]:
     tensors, meta = load_tensors(path)
     saved = meta.get("config", {})
     mine = asdict(cfg)
@@ -225,7 +227,7 @@ def _load_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, 
             state.setdefault(int(i), {})[name] = v
     sd["state"] = state
     opt.load_state_dict(sd)
-    return int(meta["step"]), list(meta.get("history", []))
+    return int(meta["step"]), list(meta.get("history", [])), float(meta.get("seconds", 0.0))
 
 
 def _norm(v):
@@ -271,9 +273,9 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     target_weights = {s.name: target_weight(model, s).detach() for s in sites}
     opt = torch.optim.AdamW(comps.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
-    start, history = 0, []
+    start, history, prev_seconds = 0, [], 0.0
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
-        start, history = _load_checkpoint(ckpt, comps, opt, cfg)
+        start, history, prev_seconds = _load_checkpoint(ckpt, comps, opt, cfg)
     t0 = time.perf_counter()
     try:
         bar = tqdm(range(start, cfg.steps), desc="APD", disable=quiet, initial=start, total=cfg.steps, leave=False)
@@ -295,11 +297,11 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
                 if callback is not None:
                     callback(step, comps, logs)
             if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
-                _save_checkpoint(ckpt, comps, opt, step + 1, cfg, history)
+                _save_checkpoint(ckpt, comps, opt, step + 1, cfg, history, prev_seconds + time.perf_counter() - t0)
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])
-    return APDResult(comps, cfg, history, time.perf_counter() - t0)
+    return APDResult(comps, cfg, history, prev_seconds + time.perf_counter() - t0)
 
 
 def with_overrides(cfg: APDConfig, **kw) -> APDConfig:

@@ -1,9 +1,66 @@
-"""CLI commands for the apd part of mlpinterp."""
+"""CLI commands for the apd part of mlpinterp.
+
+- ``mlpinterp reproduce apd --setting tms-5-2 --seeds 3 --out DIR [--quick] [--quiet] [--steps N]``
+- ``mlpinterp apd train-target --setting resid-mlp-1 --seed 0 --out target.safetensors [--quick]``
+"""
 
 from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
 
 import typer
 
 
+class Setting(StrEnum):
+    """APD toy settings (Braun et al. 2025)."""
+
+    tms_5_2 = "tms-5-2"
+    tms_40_10 = "tms-40-10"
+    resid_mlp_1 = "resid-mlp-1"
+    resid_mlp_2 = "resid-mlp-2"
+    gated_trig = "gated-trig"
+
+
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach this module's commands to the top-level app and to reproduce."""
+
+    @reproduce_app.command("apd")
+    def reproduce_apd(
+        setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
+        seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds (targets and decompositions)."),
+        out: Path = typer.Option(..., "--out", help="Output directory (resumable)."),
+        quick: bool = typer.Option(False, "--quick", help="Reduced CPU preset instead of the paper's."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+        steps: int | None = typer.Option(None, "--steps", min=1, help="Override the number of APD steps."),
+        threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
+    ) -> None:
+        """Train the target if needed, decompose it with APD, write figures, metrics.json and report.md."""
+        import torch
+
+        from mlpinterp.experiments.apd import reproduce
+
+        torch.set_num_threads(threads)
+        result = reproduce(setting.value, seeds, out, quick=quick, quiet=quiet,
+                           overrides={"steps": steps} if steps else None)
+        for k, (mu, sd) in result["summary"].items():
+            typer.echo(f"{k:28s} {mu:.4g} ± {sd:.2g}")
+        typer.echo(f"report: {out / 'report.md'}")
+
+    apd_app = typer.Typer(help="Attribution-based Parameter Decomposition (Braun et al. 2025).", no_args_is_help=True)
+
+    @apd_app.command("train-target")
+    def train_target(
+        setting: Setting = typer.Option(..., "--setting", help="Toy setting."),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(..., "--out", help="Path of the .safetensors file (a .json is written beside)."),
+        quick: bool = typer.Option(False, "--quick", help="Reduced training recipe."),
+        quiet: bool = typer.Option(False, "--quiet"),
+    ) -> None:
+        """Train (or hand-code, for gated-trig) a toy target and save it atomically."""
+        from mlpinterp.experiments.apd import get_target
+
+        _, info = get_target(setting.value, seed, out.with_suffix(".safetensors"), quick, quiet)
+        typer.echo(f"saved {out.with_suffix('.safetensors')} (held-out loss {info.get('loss', float('nan')):.4g})")
+
+    app.add_typer(apd_app, name="apd")

@@ -94,7 +94,7 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
     from mlpinterp.data import load_dataset
 
     data = load_dataset(dataset.value, data_path)
-    mix = GaussianMixture.from_labels(data.X_train, data.y_train)
+    mix = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage="ledoit-wolf")
     return mix if kind == DistName.mixture else mix.pooled()
 
 
@@ -104,7 +104,7 @@ def approx(
     degree: Annotated[int, typer.Option(help="Total degree of the polynomial (0, 1, 2, 3, ...).")] = 2,
     activation: Annotated[str | None, typer.Option(help="Activation for raw weight files: relu, gelu, silu, tanh, ...")] = None,
     distribution: Annotated[DistName, typer.Option(help="Input law: standard = N(0, I); gaussian = moment-matched "
-                                                   "Gaussian of --dataset; mixture = its class-conditional mixture.")] = DistName.standard,
+                                                   "Gaussian of --dataset; mixture = its class-conditional mixture (Ledoit-Wolf class covariances).")] = DistName.standard,
     mean: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian mean [d_in] (with --cov).")] = None,
     cov: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian covariance [d_in, d_in].")] = None,
     dataset: Annotated[DatasetName | None, typer.Option(help="Dataset whose moments define the input law.")] = None,
@@ -170,6 +170,8 @@ def reproduce_polynomial(
     arch: Annotated[str, typer.Option(help="mlp or glu.")] = "mlp",
     activation: Annotated[str, typer.Option(help="Hidden activation (glu: gate).")] = "relu",
     mc_samples: Annotated[int | None, typer.Option(help="Monte Carlo samples under the mixture.")] = None,
+    covariance: Annotated[str, typer.Option(help="Class covariance estimator: ledoit-wolf (full rank) or empirical "
+                                            "(singular on real images).")] = "ledoit-wolf",
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Tiny configuration for CI (seconds).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
@@ -179,7 +181,7 @@ def reproduce_polynomial(
 
     try:
         cfg = PolynomialReproConfig(dataset=dataset.value, seeds=seeds, steps=steps, d_hidden=d_hidden, lr=lr, arch=arch,
-                                    activation=activation, mc_samples=mc_samples,
+                                    activation=activation, mc_samples=mc_samples, covariance=covariance,
                                     data_path=str(data_path) if data_path else None, smoke=smoke)
         cfg.resolved()
     except (ValueError, TypeError) as e:

@@ -43,7 +43,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("mfr", context_settings=_MULTI)
     def reproduce_mfr(
         ctx: typer.Context,
-        setting: str = typer.Option("synthetic", help="synthetic | minilm"),
+        setting: str = typer.Option("synthetic", help="synthetic | minilm | gpt2 (GPT-2 weights must be on disk)"),
         k: list[str] = typer.Option(["6", "12", "18", "24", "30"], help="TopK k values: --k 6 12 18 24 30"),
         seeds: int = typer.Option(3, min=1, help="Seeds per (k, condition)."),
         out: Path = typer.Option(Path("runs/mfr"), help="Output directory (resumable)."),
@@ -51,6 +51,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, help="No progress bars."),
         steps: int = typer.Option(0, min=0, help="Override the number of steps (0: setting default)."),
         device: str = typer.Option("cpu", help="torch device, e.g. cuda."),
+        hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream)."),
     ) -> None:
         """Reproduce Marks et al. 2024 (MFR): figures, metrics.json and report.md in OUT."""
         from mlpinterp.experiments import mfr as exp_mod
@@ -60,11 +61,15 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         if setting == "synthetic":
             exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
             metrics = exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
-        elif setting == "minilm":
+        elif setting in ("minilm", "gpt2"):
+            if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
+                kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
+            elif hook_point:
+                kw["hook_point"] = hook_point
             exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
             metrics = exp_mod.run_minilm(out, exp, quiet=quiet, device=device)
         else:
-            raise typer.BadParameter(f"--setting must be 'synthetic' or 'minilm', got {setting!r}")
+            raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm' or 'gpt2', got {setting!r}")
         typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
 
     @sae_app.command("train")
@@ -96,14 +101,20 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         dcfg = init_distributed(distributed)  # type: ignore[arg-type]
         net, tok = load_model(model)
         texts = read_texts(text_dir) if text_dir is not None else None
-        acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len, batch_size=batch_size,
-                                max_chunks=max_chunks or None, seed=seed)
-        src = ActivationSource(net, tok, acfg, texts=texts, cache_dir=out / "activation_cache" if cache else None)
+        # ddp: every rank reads its own shard of the text and contributes batch_size / world activations
+        ddp = dcfg.mode == "ddp"
+        if ddp and batch_size % dcfg.world:
+            raise typer.BadParameter(f"--batch-size {batch_size} must be divisible by the world size {dcfg.world}")
+        acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len,
+                                batch_size=batch_size // dcfg.world if ddp else batch_size,
+                                max_chunks=max_chunks or None, seed=seed,
+                                rank=dcfg.rank if ddp else 0, world=dcfg.world if ddp else 1)
+        cache_dir = out / (f"activation_cache_rank{acfg.rank}" if ddp else "activation_cache") if cache else None
+        src = ActivationSource(net, tok, acfg, texts=texts, cache_dir=cache_dir)
         cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=k, tied=tied), n_saes=n_saes, penalty=mfr, reinit=mfr,
                         seed=seed)
         trainer = MfrTrainer(src.d_in, cfg, dcfg, device=device)
         trainer.load_checkpoint(out)
-        batches = (dcfg.local_batch(x) for x in src)
-        trainer.fit(batches, steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
+        trainer.fit(iter(src), steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
         last = trainer.history[-1] if trainer.history else {}
         typer.echo(f"saved {len(trainer.saes)} SAE(s) under {out}; last reconstruction loss {last.get('recon')}")

@@ -79,8 +79,8 @@ class SyntheticExperiment:
 
     @classmethod
     def quick(cls, **kw) -> SyntheticExperiment:
-        """Small budget (a few minutes on a CPU core): 600 steps of 512 samples."""
-        return cls(**{"steps": 600, "batch_size": 512, "eval_samples": 4096, **kw})
+        """Small budget (about 15 s per run on a free CPU core): 500 steps of 512 samples."""
+        return cls(**{"steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
 
 
 def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
@@ -230,12 +230,13 @@ def _report(out: Path, metrics: dict) -> None:
                          f"{c['rate_in_cluster']:.4g} | {c['rate_outside']:.4g} |")
         lines += ["", "![summary](synthetic_summary.png)"]
     else:
-        lines += ["| k | condition | held-out FVU | L0 | dead fraction | cosine recovered | MSE recovered |",
-                  "|---|---|---|---|---|---|---|"]
+        down = ["loss_recovered"] if metrics["setting"] != "minilm" else ["cosine_recovered", "mse_recovered"]
+        lines += ["| k | condition | held-out FVU | L0 | dead fraction | " + " | ".join(d.replace("_", " ") for d in down)
+                  + " |", "|---|---|---|---|---|" + "---|" * len(down)]
         for cond in ("baseline", "mfr"):
             for k, e in sorted(s.get(cond, {}).items(), key=lambda kv: int(kv[0])):
                 lines.append(f"| {k} | {cond} | {_fmt(e['fvu'])} | {_fmt(e['l0'])} | {_fmt(e['dead_fraction'])} | "
-                             f"{_fmt(e['cosine_recovered'])} | {_fmt(e['mse_recovered'])} |")
+                             + " | ".join(_fmt(e[d]) for d in down) + " |")
         lines += ["", "Relative reconstruction improvement of MFR over the baseline (FVU), per k: "
                   + ", ".join(f"k={k}: {v:+.2f} %" for k, v in metrics.get("improvement_pct", {}).items()),
                   f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} %).", "",
@@ -261,8 +262,11 @@ class MinilmExperiment:
     seeds: int = 1
     """Seeds per (k, condition)."""
 
+    model: str = "minilm"
+    """'minilm' (embedded, sentence-embedding loss recovered) or a local causal LM such as 'gpt2' (CE loss recovered)."""
+
     hook_point: str = "encoder.layer.3.output"
-    """Residual stream after block 3 (d_in = 384)."""
+    """Residual stream after block 3 (d_in = 384); for GPT-2 use e.g. ``transformer.h.5``."""
 
     n_saes: int = 2
     """SAEs trained in parallel."""
@@ -294,8 +298,8 @@ class MinilmExperiment:
     @classmethod
     def quick(cls, **kw) -> MinilmExperiment:
         """A few minutes on a CPU core."""
-        return cls(**{"d_sae": 1536, "steps": 150, "batch_size": 1024, "ctx_len": 64, "train_chunks": 600,
-                      "eval_chunks": 16, "rematch_every": 25, **kw})
+        return cls(**{"d_sae": 1536, "steps": 300, "batch_size": 1024, "ctx_len": 64, "train_chunks": 1000,
+                      "eval_chunks": 32, "rematch_every": 25, **kw})
 
 
 def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
@@ -303,13 +307,21 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
     import json
 
-    from mlpinterp.sae.activations import ActivationConfig, ActivationSource, load_model, read_texts, token_chunks
-    from mlpinterp.sae.activations import DEFAULT_TEXT_DIR
-    from mlpinterp.sae.evaluate import embedding_recovered
+    from mlpinterp.sae.activations import (
+        DEFAULT_TEXT_DIR,
+        ActivationConfig,
+        ActivationSource,
+        load_model,
+        read_texts,
+        token_chunks,
+    )
+    from mlpinterp.sae.evaluate import embedding_recovered, lm_loss_recovered
 
     out = Path(out)
     t_start = time.time()
-    model, tok = load_model("minilm")
+    model, tok = load_model(exp.model)
+    is_lm = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \
+        model.get_output_embeddings() is not None
     text_dir = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
     files = sorted(text_dir.glob("*.txt"))
     eval_files = [f for f in files if "test" in f.name] or files[-1:]
@@ -348,38 +360,43 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                 trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
                             checkpoint_every=max(exp.steps // 4, 1), desc=f"k={k} seed={seed} {cond}")
                 fvus, rates, l0s = _eval_saes(trainer, held)
-                rec = [embedding_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
                 res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
                        "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
-                       "cosine_recovered": [r["cosine_recovered"] for r in rec],
-                       "mse_recovered": [r["mse_recovered"] for r in rec], "embedding": rec,
                        "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha}
+                if is_lm:
+                    rec = [lm_loss_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
+                    res.update({"loss_recovered": [r["loss_recovered"] for r in rec], "lm": rec})
+                else:
+                    rec = [embedding_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
+                    res.update({"cosine_recovered": [r["cosine_recovered"] for r in rec],
+                                "mse_recovered": [r["mse_recovered"] for r in rec], "embedding": rec})
                 atomic_write_json(done, res)
                 results.append(res)
-    keys = ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
+    keys = ["fvu", "l0", "dead_fraction", "loss_recovered"] if is_lm else \
+        ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
     summary = _summarise(results, keys)
     improvement = {}
     for k in exp.k_values:
         b, m = summary.get("baseline", {}).get(str(k)), summary.get("mfr", {}).get(str(k))
         if b and m:
             improvement[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    metrics = {"setting": "minilm", "experiment": asdict(exp), "paper": PAPER, "runs": results,
+    metrics = {"setting": exp.model, "experiment": asdict(exp), "paper": PAPER, "runs": results,
                "summary": summary, "improvement_pct": improvement, "seconds": time.time() - t_start}
     atomic_write_json(out / "metrics.json", metrics)
-    _figures_minilm(out, summary)
+    _figures_minilm(out, summary, "loss_recovered" if is_lm else "cosine_recovered")
     _report(out, metrics)
     return metrics
 
 
-def _figures_minilm(out: Path, summary: dict) -> None:
+def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovered") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ["fvu", "cosine_recovered", "dead_fraction"],
-                              ["held-out FVU", "sentence-embedding cosine recovered", "dead fraction"], strict=True):
+    for ax, key, label in zip(axes, ["fvu", downstream, "dead_fraction"],
+                              ["held-out FVU", downstream.replace("_", " "), "dead fraction"], strict=True):
         for cond in ("baseline", "mfr"):
             if cond not in summary:
                 continue

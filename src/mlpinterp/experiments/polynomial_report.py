@@ -65,7 +65,12 @@ def _nearest(steps: list[int], target: int) -> int:
 
 
 def _fmt(m: float, s: float, pct: bool = False) -> str:
+    """``mean ± std`` (as percentages with ``pct``)."""
     return f"{100 * m:.1f}% ± {100 * s:.1f}" if pct else f"{m:.4f} ± {s:.4f}"
+
+
+def _ms_str(d: dict) -> str:
+    return _fmt(d["mean"], d["std"])
 
 
 def claims_table(res: dict) -> list[dict]:
@@ -187,10 +192,10 @@ def _markdown(res: dict) -> str:
     for name, d in res["final"].items():
         if name == "network":
             continue
-        lines.append(f"| {name} | {_fmt(**d['fvu_mixture'])} | {_fmt(**d['fvu_test'])} | {_fmt(**d['kl_test'])} | "
-                     f"{_fmt(**d['test_accuracy'])} | {_fmt(**d['top1_agreement_test'])} |")
+        lines.append(f"| {name} | {_ms_str(d['fvu_mixture'])} | {_ms_str(d['fvu_test'])} | {_ms_str(d['kl_test'])} | "
+                     f"{_ms_str(d['test_accuracy'])} | {_ms_str(d['top1_agreement_test'])} |")
     n = res["final"]["network"]["test_accuracy"]
-    lines += [f"| network | | | | {_fmt(**n)} | |", ""]
+    lines += [f"| network | | | | {_ms_str(n)} | |", ""]
     lines += ["Differences from the paper, plainly: the paper fits the mixture quadratic by SGD from the N(0, I) "
               "solution because it calls the exact solve intractable; ours is the exact least-squares optimum. "
               "The paper reports one seed; we report mean ± std. FVU on real test images is not in the paper.", ""]

@@ -63,6 +63,8 @@ class PolynomialReproConfig:
     """Warm-up steps (paper: 1000)."""
     mc_samples: int | None = None
     """Monte Carlo samples of the mixture for FVU/KL under the mixture."""
+    covariance: str = "ledoit-wolf"
+    """Class covariance estimator: ``ledoit-wolf`` (shrunk, full rank) or ``empirical`` (singular on real images)."""
     attack_k: int = 10
     """Largest number of ablated input directions in the SVD attack."""
     data_path: str | None = None
@@ -84,6 +86,8 @@ class PolynomialReproConfig:
         for k in ("steps", "d_hidden", "lr", "mc_samples"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        if self.covariance not in ("ledoit-wolf", "empirical"):
+            raise ValueError(f"covariance must be 'ledoit-wolf' or 'empirical', got {self.covariance!r}")
         if d["steps"] < 16:
             raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
         d["warmup_steps"] = min(d["warmup_steps"], d["steps"])
@@ -110,7 +114,8 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     atomic_write_json(out / "config.json", r)
     t_start = time.perf_counter()
     data = load_dataset(cfg.dataset, cfg.data_path)
-    mixture = GaussianMixture.from_labels(data.X_train, data.y_train)
+    shrink = "ledoit-wolf" if cfg.covariance == "ledoit-wolf" else 0.0
+    mixture = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage=shrink)
     gaussian = mixture.pooled()
     mc = mixture.sample(r["mc_samples"], np.random.default_rng(12345))
     inputs = EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, mc)

@@ -113,7 +113,7 @@ def _np_gelu(y):
 
 def _np_gelu_tanh(y):
     y = np.asarray(y, dtype=np.float64)
-    u = _GELU_TANH_C * (y + 0.044715 * y**3)
+    u = _GELU_TANH_C * y * (1.0 + 0.044715 * (y * y))
     return y * special.expit(2.0 * u)  # 0.5 (1 + tanh u) = sigmoid(2u), accurate for u << 0
 
 

@@ -95,18 +95,27 @@ class Gaussian:
         return cls(np.zeros(d), np.eye(d))
 
     @classmethod
-    def from_data(cls, X, *, shrinkage: float = 0.0) -> Gaussian:
-        """Moment-matched Gaussian of samples ``X [n, d]`` (mean and biased covariance).
+    def from_data(cls, X, *, shrinkage: float | str = 0.0) -> Gaussian:
+        """Moment-matched Gaussian of samples ``X [n, d]``: sample mean and covariance (biased, 1/n).
 
-        ``shrinkage`` in [0, 1) mixes the covariance with ``mean(diag) * I`` (Ledoit-Wolf style),
-        which makes it non-singular. Raises ``ValueError`` for fewer than 2 samples.
+        ``shrinkage``: a float in [0, 1) mixes the covariance with ``trace/d * I``; ``"ledoit-wolf"`` picks
+        that mix by the Ledoit-Wolf estimator (``sklearn.covariance.ledoit_wolf``), which makes the
+        covariance full rank - sensible for real images, whose nearly constant pixels otherwise receive
+        huge least-squares coefficients. Raises ``ValueError`` for fewer than 2 samples or a bad shrinkage.
         """
         X = to_numpy(X, "X")
         if X.ndim != 2 or X.shape[0] < 2:
             raise ValueError(f"X must have shape [n >= 2, d], got {list(X.shape)}")
+        mean = X.mean(0)
+        if isinstance(shrinkage, str):
+            if shrinkage != "ledoit-wolf":
+                raise ValueError(f"shrinkage must be a float in [0, 1) or 'ledoit-wolf', got {shrinkage!r}")
+            from sklearn.covariance import ledoit_wolf
+
+            cov, _ = ledoit_wolf(X)
+            return cls(mean, cov)
         if not 0.0 <= shrinkage < 1.0:
             raise ValueError(f"shrinkage must be in [0, 1), got {shrinkage}")
-        mean = X.mean(0)
         Xc = X - mean
         cov = Xc.T @ Xc / X.shape[0]
         if shrinkage:
@@ -197,9 +206,11 @@ class GaussianMixture:
         return Gaussian(self.mean, self.cov)
 
     @classmethod
-    def from_labels(cls, X, y, *, shrinkage: float = 0.0) -> GaussianMixture:
+    def from_labels(cls, X, y, *, shrinkage: float | str = 0.0) -> GaussianMixture:
         """Class-conditional mixture: one component per label with the class's frequency, mean, covariance.
 
+        ``shrinkage`` is applied to each class covariance as in ``Gaussian.from_data`` (``"ledoit-wolf"``
+        for the Ledoit-Wolf estimate).
         ``X [n, d]``, ``y [n]`` integer labels. Classes with fewer than 2 samples raise ``ValueError``.
         Class covariances of real images are typically singular; that is supported.
         """

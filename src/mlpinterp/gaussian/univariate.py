@@ -29,12 +29,13 @@ For gelu = y Phi(y), with t = sqrt(1 + sigma^2) and m = mu / t (Gaussian convolu
     E[gelu^{(k)}(Y)] = (-1)^k pdf(m) / t^{k+1} [t^2 He_{k-2}(m) - He_k(m)]   (k >= 2),
     E[gelu'(Y)] = Phi(m) + mu pdf(m) / t^3,  E[gelu(Y)] = (mu / t^2) Phi(m) + (sigma^2 / t) E[(m + Z)_+].
 
-*Quadrature* (every other activation, and E[gelu^2], E[gelu Y^k]): composite Gauss-Legendre in z
-(20 nodes per panel) over the window [min(-12, z0 - 12), max(12, z0 + 12)] with z0 = -mu / sigma the
+*Quadrature* (every other activation, and E[gelu^2]): composite Gauss-Legendre in z
+(16 nodes per panel) over the window [min(-12, z0 - 12), max(12, z0 + 12)] with z0 = -mu / sigma the
 activation's transition point (clipped to [-40, 40]; beyond that pdf(z0) underflows); panels are a
-uniform grid (40 panels) merged with geometrically graded break points z0 +- delta 2^i,
-delta = min(1/sigma, 1/(1 + |z0|)) / 4, so features of width 1/sigma are resolved, and split at the
-activation's kinks. Work is chunked over neurons to bound memory.
+uniform grid (16 panels) merged with geometrically graded break points z0 +- delta 2^i from
+delta = min(1/sigma, 1/(1 + |z0|)) / 4 up to twice the uniform spacing, so features of width 1/sigma
+(and the 1/|z0| decay scale of the Gaussian in the tails) are resolved, and split at the activation's
+kinks: about 600 nodes per neuron. Work is chunked over neurons to bound memory.
 
 Accuracy (tested against mpmath at 30 digits for |mu/sigma| <= 30, sigma in [1e-3, 1e3], k <= 8):
 |error| <= 1e-10 * scale, with scale = E[|phi(Y)| |He_k(Z)|] / k! for Hermite coefficients,
@@ -43,11 +44,13 @@ error bound whenever the integrand has one sign (e.g. relu, any tail), and a mix
 exact value is small by cancellation (e.g. odd Hermite coefficients of an even function).
 
 sigma == 0 is a point mass: E[phi(Y)] = phi(mu), c_0 = phi(mu), c_k = 0 (k >= 1); tiny sigma is
-continuous with it. At a kink with sigma == 0, derivatives take the limit sigma -> 0+ (relu'(0) = 1/2).
+continuous with it (sigma < 1e-150 is treated as 0). Overflow/underflow of intermediate terms (e.g. huge
+|mu/sigma|) is handled and silenced; results are never NaN for finite inputs. At a kink with sigma == 0, derivatives take the limit sigma -> 0+ (relu'(0) = 1/2).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -69,20 +72,32 @@ _SQRT2PI = math.sqrt(2.0 * math.pi)
 _SQRT_HALF_PI = math.sqrt(0.5 * math.pi)
 
 # quadrature parameters (see module docstring)
-_N_GL = 20
+_N_GL = 16
 _X_GL, _W_GL = np.polynomial.legendre.leggauss(_N_GL)
 _L = 12.0
 _Z0_MAX = 40.0
-_N_UNIFORM = 40
+_N_UNIFORM = 16
 _UNIT = np.linspace(0.0, 1.0, _N_UNIFORM + 1)
 _CHUNK_NODES = 1 << 21  # neurons * nodes per chunk
 _T_SWITCH = 1.0  # J_n recurrence: forward for t <= _T_SWITCH, continued fraction above
 _S_IBP = 1.0  # derivatives: integration by parts for sigma >= _S_IBP, quadrature of phi^{(j)} below
 
 _CLOSED = ("identity", "relu", "gelu")
+_S_TINY = 1e-150  # sigma below this is a point mass (differences are far below float64 resolution)
 
 
 # ----------------------------------------------------------------------------- validation
+
+
+def _quiet(fn):
+    """Silence float over/underflow warnings of intermediate terms (handled explicitly)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(over="ignore", under="ignore", divide="ignore"):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _check_int(k, name: str) -> int:
@@ -137,7 +152,7 @@ def _tail_j(t: np.ndarray, nmax: int) -> np.ndarray:
     """J_n(t) = int_0^inf u^n exp(-t u - u^2/2) du for t in [0, 40], n = 0..nmax: [N, nmax + 1].
 
     pdf(t) J_n(t) = int_t^inf (z - t)^n pdf(z) dz. Forward recurrence J_{n+1} = n J_{n-1} - t J_n for
-    t <= 1 (no cancellation); for t > 1 the ratios q_n = J_{n+1}/J_n from the continued fraction
+    t <= 1 (little cancellation); for t > 1 the ratios q_n = J_{n+1}/J_n from the continued fraction
     q_{n-1} = n / (t + q_n) (Miller's backward recurrence for the minimal solution).
     """
     out = np.empty(t.shape + (nmax + 1,))
@@ -147,21 +162,28 @@ def _tail_j(t: np.ndarray, nmax: int) -> np.ndarray:
     out[:, 1] = 1.0 - t * out[:, 0]
     for n in range(1, nmax):
         out[:, n + 1] = n * out[:, n - 1] - t * out[:, n]
-    big = t > _T_SWITCH
-    if np.any(big):
-        tb = t[big]
-        n_start = nmax + 16 + int(math.ceil((24.0 / _T_SWITCH) ** 2))
+    # continued fraction, in bins of t: about (24 / t)^2 extra terms make the start value irrelevant.
+    # The forward recurrence stays accurate (< 1e-14, checked against mpmath) up to t = 8 for n <= 1
+    # and t = 3 for n <= 2, which spares the long continued fractions in the common low-order calls.
+    t_fwd = 8.0 if nmax <= 1 else (3.0 if nmax <= 2 else _T_SWITCH)
+    edges = tuple(e for e in (_T_SWITCH, 2.0, 4.0, 8.0) if e >= t_fwd) + (np.inf,)
+    for lo_t, hi_t in zip(edges[:-1], edges[1:], strict=True):
+        sel = (t > lo_t) & (t <= hi_t)
+        if not np.any(sel):
+            continue
+        tb = t[sel]
+        n_start = nmax + 16 + int(math.ceil((24.0 / lo_t) ** 2))
         q = 0.5 * (-tb + np.sqrt(tb * tb + 4.0 * (n_start + 1)))
         qs = np.empty((tb.size, nmax))
         for n in range(n_start, 0, -1):
-            q = n / (tb + q)  # q_{n-1}
+            q = n / (tb + q)  # q_{n-1} = J_n / J_{n-1}
             if n - 1 < nmax:
                 qs[:, n - 1] = q
         res = np.empty((tb.size, nmax + 1))
-        res[:, 0] = out[big, 0]
+        res[:, 0] = out[sel, 0]
         for n in range(1, nmax + 1):
             res[:, n] = res[:, n - 1] * qs[:, n - 1]
-        out[big] = res
+        out[sel] = res
     return out
 
 
@@ -204,8 +226,22 @@ def _relu_hermite_e(mu, s, n):
     if n >= 1:
         out[:, 1] = s * special.ndtr(h)
     if n >= 2:
-        out[:, 2:] = (s * _pdf(h))[:, None] * _he(n - 2, -h)
+        ph = _pdf(h)
+        live = ph > 0  # where pdf(h) underflows the term is 0 (He_{k-2}(-h) may overflow)
+        out[:, 2:] = np.where(live[:, None], (s * ph)[:, None] * _he(n - 2, np.where(live, -h, 0.0)), 0.0)
     return out
+
+
+def _relu_derivs(mu, s, j):
+    """E[relu^{(j)}(Y)] for j >= 1: Phi(h) for j = 1, He_{j-2}(-h) pdf(h) / s^{j-1} (delta terms) for j >= 2."""
+    h = mu / s
+    if j == 1:
+        return special.ndtr(h)
+    ph = _pdf(h)
+    live = ph > 0
+    he = _he(j - 2, np.where(live, -h, 0.0))[:, j - 2]
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(live, he * ph / s ** (j - 1), 0.0)
 
 
 def _identity_hermite_e(mu, s, n):
@@ -216,19 +252,49 @@ def _identity_hermite_e(mu, s, n):
     return out
 
 
-def _gelu_derivs(mu, s, n):
-    """E[gelu^{(k)}(Y)], k = 0..n (gelu = y Phi(y) is smooth)."""
+def _gelu_derivs(mu, s, n, sigma_power: bool = False):
+    """E[gelu^{(k)}(Y)], k = 0..n (gelu = y Phi(y) is smooth); times sigma^k if ``sigma_power``."""
     t = np.sqrt(1.0 + s * s)
     m = mu / t
     out = np.empty(mu.shape + (n + 1,))
     out[:, 0] = (mu / (t * t)) * special.ndtr(m) + (s * s / t) * _trunc_moments(m, np.ones_like(m), 1)[:, 1]
     if n >= 1:
-        out[:, 1] = special.ndtr(m) + mu * _pdf(m) / t**3
+        out[:, 1] = (special.ndtr(m) + mu * _pdf(m) / t**3) * (s if sigma_power else 1.0)
     if n >= 2:
-        he = _he(n, m)
+        pm = _pdf(m)
+        live = pm > 0
+        he = _he(n, np.where(live, m, 0.0))
         k = np.arange(2, n + 1)
-        pref = (-1.0) ** k * _pdf(m)[:, None] / np.power.outer(t, k + 1)
-        out[:, 2:] = pref * ((t * t)[:, None] * he[:, :-2] - he[:, 2:])
+        base = s / t if sigma_power else 1.0 / t  # s^k / t^{k+1} = (s/t)^k / t, no overflow
+        pref = (-1.0) ** k * (pm / t)[:, None] * np.power.outer(base, k)
+        out[:, 2:] = np.where(live[:, None], pref * ((t * t)[:, None] * he[:, :-2] - he[:, 2:]), 0.0)
+    return out
+
+
+def _gelu_moments(mu, s, kmax):
+    """E[gelu(Y) Y^k], k = 0..kmax, as E[Y^{k+1} 1{D > 0}] with D = Y - W, W ~ N(0, 1) independent.
+
+    gelu(y) = y P(W < y), D ~ N(mu, t^2), t^2 = 1 + s^2, and Y | D ~ N(a + b D, c^2) with a = mu / t^2,
+    b = c^2 = s^2 / t^2, so E[Y^n | D] = sum_{j even} C(n, j) (j - 1)!! c^j (a + b D)^{n - j}, a polynomial
+    in D whose truncated moments E[D^i 1{D > 0}] come from the cancellation-free tail integrals.
+    """
+    n_top = kmax + 1
+    t2 = 1.0 + s * s
+    a = mu / t2
+    b = s * s / t2
+    T = _trunc_moments(mu, np.sqrt(t2), n_top)  # [N, n_top + 1]
+    out = np.empty(mu.shape + (kmax + 1,))
+    for k in range(kmax + 1):
+        n = k + 1
+        acc = np.zeros(mu.shape)
+        for j in range(0, n + 1, 2):
+            cj = math.comb(n, j) * math.prod(range(j - 1, 0, -2)) * b ** (j // 2)  # c^2 = b
+            r = n - j
+            inner = np.zeros(mu.shape)
+            for i in range(r + 1):
+                inner += math.comb(r, i) * a ** (r - i) * b**i * T[:, i]
+            acc += cj * inner
+        out[:, k] = acc
     return out
 
 
@@ -241,32 +307,57 @@ def _closed_hermite_e(fam, act, mu, s, n):
         a = leaky_slope(act)
         return a * _identity_hermite_e(mu, s, n) + (1.0 - a) * _relu_hermite_e(mu, s, n)
     if fam == "gelu":
-        return _gelu_derivs(mu, s, n) * np.power.outer(s, np.arange(n + 1))
+        return _gelu_derivs(mu, s, n, sigma_power=True)
     raise AssertionError(fam)  # pragma: no cover
 
 
 # ----------------------------------------------------------------------------- quadrature
 
 
-def _rule(mu: np.ndarray, s: np.ndarray, kinks: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Composite Gauss-Legendre nodes z [N, Q] and weights w [N, Q] (including pdf(z)) per neuron."""
-    z0 = np.clip(-mu / s, -_Z0_MAX, _Z0_MAX)
-    lo = np.minimum(-_L, z0 - _L)
-    hi = np.maximum(_L, z0 + _L)
-    delta = 0.25 * np.minimum(1.0 / s, 1.0 / (1.0 + np.abs(z0)))
-    n_grade = int(np.clip(np.ceil(np.log2(np.max((hi - lo) / delta))) + 1, 1, 200))
-    g = delta[:, None] * 2.0 ** np.arange(n_grade)
-    pieces = [lo[:, None] + (hi - lo)[:, None] * _UNIT, z0[:, None], z0[:, None] + g, z0[:, None] - g]
-    for c in kinks:
-        pieces.append(((c - mu) / s)[:, None])
-    pts = np.concatenate(pieces, axis=1)
-    pts = np.clip(pts, lo[:, None], hi[:, None])
+def _panel_rule(
+    centers: list[tuple[np.ndarray, np.ndarray]],
+    breaks: list[np.ndarray],
+    n_uniform: int = _N_UNIFORM,
+    n_gl: int = _N_GL,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Composite Gauss-Legendre rule in z per row, Gaussian weight included: z, w of shape [N, Q].
+
+    ``centers`` are (z_c [N], delta [N]) pairs: the window is [min(-12, z_c - 12), max(12, z_c + 12)]
+    over all centers (z_c clipped to [-40, 40]); break points are a uniform grid of ``n_uniform`` panels
+    over the window, each z_c +- delta 2^i (geometric grading down to the feature width delta) and
+    ``breaks`` (kinks). Break points outside the window are clipped (empty panels get zero weight).
+    """
+    zc = [np.clip(c, -_Z0_MAX, _Z0_MAX) for c, _ in centers]
+    lo = np.minimum.reduce([np.minimum(-_L, c - _L) for c in zc])
+    hi = np.maximum.reduce([np.maximum(_L, c + _L) for c in zc])
+    n = len(lo)
+    pieces = [lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, n_uniform + 1)]
+    spacing = (hi - lo) / n_uniform
+    for c, (_, delta) in zip(zc, centers, strict=True):
+        # grade from delta up to twice the uniform spacing; the uniform grid takes over beyond
+        n_grade = int(np.clip(np.ceil(np.log2(np.max(2.0 * spacing / delta))) + 1, 1, 200))
+        g = delta[:, None] * 2.0 ** np.arange(n_grade)
+        pieces += [c[:, None], c[:, None] + g, c[:, None] - g]
+    for b in breaks:
+        pieces.append(np.nan_to_num(b, nan=0.0, posinf=hi.max(), neginf=lo.min())[:, None])
+    pts = np.clip(np.concatenate(pieces, axis=1), lo[:, None], hi[:, None])
     pts.sort(axis=1)
+    if n_gl == _N_GL:
+        xg, wg = _X_GL, _W_GL
+    else:
+        xg, wg = np.polynomial.legendre.leggauss(n_gl)
     half = 0.5 * (pts[:, 1:] - pts[:, :-1])
     mid = 0.5 * (pts[:, 1:] + pts[:, :-1])
-    z = mid[..., None] + half[..., None] * _X_GL
-    w = half[..., None] * _W_GL * _pdf(z)
-    return z.reshape(len(mu), -1), w.reshape(len(mu), -1)
+    z = mid[..., None] + half[..., None] * xg
+    w = half[..., None] * wg * _pdf(z)
+    return z.reshape(n, -1), w.reshape(n, -1)
+
+
+def _rule(mu: np.ndarray, s: np.ndarray, kinks: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Univariate rule: center z0 = -mu/s with feature width delta = min(1/s, 1/(1+|z0|)) / 4."""
+    z0 = np.clip(-mu / s, -_Z0_MAX, _Z0_MAX)
+    delta = 0.25 * np.minimum(1.0 / s, 1.0 / (1.0 + np.abs(z0)))
+    return _panel_rule([(z0, delta)], [(c - mu) / s for c in kinks])
 
 
 def _quad(mu, s, kinks, integrand, n_out: int) -> np.ndarray:
@@ -380,6 +471,8 @@ def _smooth_deriv(act: Activation, y: np.ndarray, j: int) -> np.ndarray | None:
         neg = np.exp(np.minimum(y, 0.0))
         pos = 1.0 if j == 1 else 0.0
         return np.where(y > 0, pos, np.where(y < 0, neg, 0.5 * (pos + 1.0)))
+    if fam == "gelu_tanh":  # torch's double backward gives NaN for |y| >~ 20; beyond 12 phi^{(j)} is
+        y = np.clip(y, -12.0, 12.0)  # 1{y > 0} (j = 1) or below 1e-48 (j >= 2), as at y = +-12
     try:
         return _autograd_deriv(act.torch_fn, y, j)
     except Exception:  # noqa: BLE001 - any failure means "not available"
@@ -389,6 +482,7 @@ def _smooth_deriv(act: Activation, y: np.ndarray, j: int) -> np.ndarray | None:
 # ----------------------------------------------------------------------------- public API
 
 
+@_quiet
 def hermite_coefficients(act, mu, sigma, n: int) -> np.ndarray:
     """Hermite coefficients c_k = E[phi(mu + sigma Z) He_k(Z)] / k!, k = 0..n, Z ~ N(0, 1).
 
@@ -414,7 +508,7 @@ def hermite_coefficients(act, mu, sigma, n: int) -> np.ndarray:
     n = _check_int(n, "n")
     mu, s, shape = _prepare(mu, sigma)
     out = np.zeros(mu.shape + (n + 1,))
-    pm = s == 0
+    pm = s < _S_TINY
     if np.any(pm):
         out[pm, 0] = act.fn(mu[pm])
     sel = ~pm
@@ -429,6 +523,7 @@ def hermite_coefficients(act, mu, sigma, n: int) -> np.ndarray:
     return out.reshape(shape + (n + 1,))
 
 
+@_quiet
 def gauss_ev(act, mu, sigma) -> np.ndarray:
     """E[phi(Y)] for Y ~ N(mu, sigma^2), elementwise over ``broadcast(mu, sigma)``.
 
@@ -441,12 +536,14 @@ def gauss_ev(act, mu, sigma) -> np.ndarray:
     return hermite_coefficients(act, mu, sigma, 0)[..., 0]
 
 
+@_quiet
 def gauss_moments(act, mu, sigma, kmax: int) -> np.ndarray:
     """E[phi(Y) Y^k], k = 0..kmax, for Y ~ N(mu, sigma^2).
 
     Computed directly (not from Hermite coefficients, whose binomial recombination cancels in the tails):
     truncated Gaussian moments E[Y^{k+1} 1{Y>0}] for relu / leaky_relu (see module docstring), raw
-    moments for the identity, quadrature of phi(y) y^k otherwise. Accuracy: |error| <= 1e-10 *
+    moments for the identity, for gelu E[Y^{k+1} 1{Y - W > 0}] with an independent W ~ N(0, 1) (a
+    polynomial in the truncated moments of Y - W), quadrature of phi(y) y^k otherwise. Accuracy: |error| <= 1e-10 *
     E[|phi(Y)| |Y|^k]. These are the "master theorem" cross-moments of Rigg & Belrose (2025, Thm 3.1).
 
     Args:
@@ -463,7 +560,7 @@ def gauss_moments(act, mu, sigma, kmax: int) -> np.ndarray:
     kmax = _check_int(kmax, "kmax")
     mu, s, shape = _prepare(mu, sigma)
     out = np.zeros(mu.shape + (kmax + 1,))
-    pm = s == 0
+    pm = s < _S_TINY
     if np.any(pm):
         out[pm] = act.fn(mu[pm])[:, None] * np.power.outer(mu[pm], np.arange(kmax + 1))
     sel = ~pm
@@ -472,6 +569,8 @@ def gauss_moments(act, mu, sigma, kmax: int) -> np.ndarray:
         fam = _family(act)
         if fam == "identity":
             out[sel] = _raw_moments(m, sg, kmax + 1)[:, 1:]
+        elif fam == "gelu":
+            out[sel] = _gelu_moments(m, sg, kmax)
         elif fam in ("relu", "leaky_relu"):
             relu = _trunc_moments(m, sg, kmax + 1)[:, 1:]
             if fam == "relu":
@@ -484,6 +583,7 @@ def gauss_moments(act, mu, sigma, kmax: int) -> np.ndarray:
     return out.reshape(shape + (kmax + 1,))
 
 
+@_quiet
 def gauss_second_moment(act, mu, sigma) -> np.ndarray:
     """E[phi(Y)^2] for Y ~ N(mu, sigma^2), elementwise over ``broadcast(mu, sigma)``.
 
@@ -501,7 +601,7 @@ def gauss_second_moment(act, mu, sigma) -> np.ndarray:
     act = get_activation(act)
     mu, s, shape = _prepare(mu, sigma)
     out = np.zeros(mu.shape)
-    pm = s == 0
+    pm = s < _S_TINY
     if np.any(pm):
         out[pm] = act.fn(mu[pm]) ** 2
     sel = ~pm
@@ -520,6 +620,7 @@ def gauss_second_moment(act, mu, sigma) -> np.ndarray:
     return out.reshape(shape)
 
 
+@_quiet
 def gauss_derivative_ev(act, mu, sigma, j: int) -> np.ndarray:
     """E[phi^{(j)}(Y)] for Y ~ N(mu, sigma^2), with distributional derivatives at kinks.
 
@@ -551,7 +652,7 @@ def gauss_derivative_ev(act, mu, sigma, j: int) -> np.ndarray:
     fam = _family(act)
     if j == 0:
         return gauss_ev(act, mu, s).reshape(shape)
-    pm = s == 0
+    pm = s < _S_TINY
     if np.any(pm):
         y = mu[pm]
         val = _smooth_deriv(act, y, j)
@@ -573,8 +674,11 @@ def gauss_derivative_ev(act, mu, sigma, j: int) -> np.ndarray:
         if fam in _CLOSED or fam == "leaky_relu":
             if fam == "gelu":
                 out[sel] = _gelu_derivs(m, sg, j)[:, j]
+            elif fam == "identity":
+                out[sel] = 1.0 if j == 1 else 0.0
             else:
-                out[sel] = _closed_hermite_e(fam, act, m, sg, j)[:, j] / sg**j
+                a = 0.0 if fam == "relu" else leaky_slope(act)
+                out[sel] = (a if j == 1 else 0.0) + (1.0 - a) * _relu_derivs(m, sg, j)
         else:
             out[sel] = _numeric_derivative_ev(act, fam, m, sg, j)
     return out.reshape(shape)

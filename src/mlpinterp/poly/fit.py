@@ -76,11 +76,13 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         from mlpinterp.poly.mixture_linear import fit_mixture_linear
 
         return fit_mixture_linear(network, distribution, degree)
-    if method in ("auto", "exact", "cg", "dense"):
-        from mlpinterp.poly.mixture_quadratic import MAX_DENSE_FEATURES, fit_mixture
+    if degree == 2 and method in ("auto", "exact"):
+        from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count, fit_mixture_quadratic_cached
 
-        if method in ("auto", "exact") and math.comb(network.d_in + degree, degree) <= MAX_DENSE_FEATURES:
-            method = "dense"  # small feature space: one direct solve beats any iteration
+        if feature_count(network.d_in) <= MAX_FEATURES:
+            return fit_mixture_quadratic_cached(network, distribution)
+    if method in ("auto", "exact", "cg", "dense"):
+        from mlpinterp.poly.mixture_quadratic import fit_mixture
 
         return fit_mixture(network, distribution, degree, method=method, **options)
     raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")

@@ -69,8 +69,10 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
             raise _Stop
 
     handle = module.register_forward_hook(hook)
+    device = next(model.parameters()).device
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask)
+        model(input_ids=input_ids.to(device),
+              attention_mask=None if attention_mask is None else attention_mask.to(device))
     except _Stop:
         pass
     finally:
@@ -160,6 +162,19 @@ class ActivationConfig:
     seed: int = 0
     """Seed of the chunk order and of the shuffle buffer."""
 
+    rank: int = 0
+    """Data-parallel rank: this source reads text chunks ``rank, rank + world, ...``."""
+
+    world: int = 1
+    """Data-parallel world size (1: all chunks)."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.rank < self.world):
+            raise ValueError(f"rank must be in [0, world={self.world}), got {self.rank}")
+        for name in ("ctx_len", "seq_batch", "batch_size", "buffer_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 class ActivationSource:
     """Iterable over ``[batch_size, d_in]`` activation batches of ``model`` at ``cfg.hook_point``.
@@ -199,7 +214,11 @@ class ActivationSource:
         """Token chunks ``[n_chunks, ctx_len]`` (tokenised on first use)."""
         if self._chunks is None:
             texts = self._texts if self._texts is not None else read_texts()
-            self._chunks = token_chunks(self.tokenizer, texts, self.cfg.ctx_len, self.cfg.max_chunks)
+            chunks = token_chunks(self.tokenizer, texts, self.cfg.ctx_len, self.cfg.max_chunks)
+            self._chunks = chunks[self.cfg.rank::self.cfg.world]
+            if self._chunks.shape[0] == 0:
+                raise ValueError(f"rank {self.cfg.rank} of {self.cfg.world} gets no text chunk "
+                                 f"({chunks.shape[0]} in total)")
         return self._chunks
 
     @property
@@ -219,7 +238,7 @@ class ActivationSource:
             ids = self.chunks[order[s:s + self.cfg.seq_batch]]
             acts = hook_activations(self.model, self.cfg.hook_point, ids, torch.ones_like(ids))
             keep = ~self._special_mask(ids) if self.cfg.exclude_special else torch.ones_like(ids, dtype=torch.bool)
-            yield acts[keep].float()
+            yield acts[keep.to(acts.device)].float().cpu()
 
     def _cached_stream(self, epoch: int) -> Iterator[Tensor]:
         manifest = self.cache_dir / "manifest.json" if self.cache_dir else None
@@ -277,6 +296,8 @@ class ActivationSource:
             self.epoch += 1
             if n_epoch == 0:
                 raise ValueError(f"hook point {cfg.hook_point!r} yielded no activations from the corpus")
+            # a corpus smaller than the buffer: shuffle one pass at a time instead of piling up passes
+            fill = min(fill, max(n_epoch, 2 * cfg.batch_size))
 
 
 def load_model(name: str):

@@ -46,8 +46,8 @@ def sae_fn(sae: TopKSae) -> Callable[[Tensor], Tensor]:
     def fn(h: Tensor) -> Tensor:
         if h.shape[-1] != sae.d_in:
             raise ValueError(f"hook point width {h.shape[-1]} does not match the SAE's d_in={sae.d_in}")
-        flat = h.reshape(-1, h.shape[-1])
-        return sae(flat).sae_out.reshape(h.shape).to(h.dtype)
+        flat = h.reshape(-1, h.shape[-1]).to(sae.device)
+        return sae(flat).sae_out.reshape(h.shape).to(h.device, h.dtype)
 
     return fn
 
@@ -57,20 +57,21 @@ def zero_fn(h: Tensor) -> Tensor:
     return torch.zeros_like(h)
 
 
-def _batches(input_ids: Tensor, attention_mask: Tensor | None, batch_size: int):
+def _batches(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, batch_size: int):
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must have shape [batch, seq], got {list(input_ids.shape)}")
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     if mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask must have shape {list(input_ids.shape)}, got {list(mask.shape)}")
+    device = next(model.parameters()).device
     for s in range(0, input_ids.shape[0], batch_size):
-        yield input_ids[s:s + batch_size], mask[s:s + batch_size]
+        yield input_ids[s:s + batch_size].to(device), mask[s:s + batch_size].to(device)
 
 
 @torch.no_grad()
 def _lm_ce(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, batch_size: int) -> float:
     total, count = 0.0, 0
-    for ids, mask in _batches(input_ids, attention_mask, batch_size):
+    for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
@@ -102,7 +103,7 @@ def sentence_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                         batch_size: int = 32) -> Tensor:
     """Mean-pooled, L2-normalised last hidden states ``[batch, d_model]`` (sentence-transformers pooling)."""
     outs = []
-    for ids, mask in _batches(input_ids, attention_mask, batch_size):
+    for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
         h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         m = mask[..., None].float()
         outs.append(F.normalize((h * m).sum(1) / m.sum(1).clamp_min(1), dim=-1))

@@ -136,6 +136,9 @@ class MfrConfig:
     dead_after_samples: int = 100_000
     """A latent that has not fired for this many samples counts as dead for AuxK."""
 
+    init_b_dec_to_mean: bool = True
+    """Set ``b_dec`` to the mean of the first batch an SAE sees (also after a re-initialisation)."""
+
     penalty: bool = True
     """Use the MFR penalty (needs n_saes >= 2)."""
 
@@ -231,9 +234,12 @@ def init_distributed(mode: Literal["none", "ddp", "ensemble"]) -> Distributed:
 
 
 def _sum_ranks(t: Tensor) -> Tensor:
-    t = t.detach().clone()
+    """Sum of a detached tensor over all ranks (moved to CUDA for NCCL, back to its device afterwards)."""
+    device = t.device
+    comm = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else device
+    t = t.detach().to(comm, copy=True)
     dist.all_reduce(t)
-    return t
+    return t.to(device)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -288,13 +294,14 @@ class MfrTrainer:
         if self.dist.mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.modules = [DDP(s, broadcast_buffers=False) for s in self.saes]
+            self.modules = [DDP(s) for s in self.saes]  # SAEs have no buffers
         m = cfg.sae.d_sae
         self.window_counts = torch.zeros(len(self.saes), m, dtype=torch.int64)
         self.window_samples = 0
         self.since_fired = torch.zeros(len(self.saes), m, dtype=torch.int64)
         self.step = 0
         self.alpha = cfg.alpha
+        self._bias_pending = set(range(len(self.saes))) if cfg.init_b_dec_to_mean else set()
         self._assignments: dict[tuple[int, int], tuple] = {}
         self.history: list[dict] = []
         self.reinit_events: list[dict] = []
@@ -316,6 +323,8 @@ class MfrTrainer:
         self.saes[local].reset_parameters(g)
         self.opts[local] = self._new_opt(self.saes[local])
         self.since_fired[local].zero_()
+        if self.cfg.init_b_dec_to_mean:
+            self._bias_pending.add(local)
         for key in [key for key in self._assignments if i in key]:  # the old matching is meaningless now
             del self._assignments[key]
 
@@ -380,6 +389,15 @@ class MfrTrainer:
         ddp = self.dist.mode == "ddp"
         world = self.dist.world if ddp else 1
         reduce = _sum_ranks if ddp else None
+        if self._bias_pending:
+            with torch.no_grad():
+                total = torch.cat([x.sum(0).double(),
+                                   torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)])
+                total = _sum_ranks(total) if ddp else total
+                mean = (total[:-1] / total[-1]).to(self.dtype)
+                for local in sorted(self._bias_pending):
+                    self.saes[local].b_dec.copy_(mean)
+            self._bias_pending.clear()
         recon_terms, auxk_terms, l0s, counts = [], [], [], []
         for local, mod in enumerate(self.modules):
             dead = self.since_fired[local] >= cfg.dead_after_samples if cfg.auxk_alpha > 0 else None
@@ -497,7 +515,8 @@ class MfrTrainer:
                 for k, v in st.items():
                     tensors[f"sae{i}.adam.{names[id(p)]}.{k}"] = torch.as_tensor(v)
         meta = {"step": self.step, "alpha": self.alpha, "n_reinits": self.n_reinits,
-                "window_samples": self.window_samples, "cfg": asdict(self.cfg), "owned": self.owned,
+                "window_samples": self.window_samples, "cfg": asdict(self.cfg),
+                "bias_pending": sorted(self._bias_pending), "owned": self.owned,
                 "history": self.history, "reinit_events": self.reinit_events, "checks": self.checks,
                 "assignments": {f"{a},{b}": [v[0].tolist(), v[1].tolist()] for (a, b), v in self._assignments.items()}}
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
@@ -518,6 +537,7 @@ class MfrTrainer:
         self.alpha = meta["alpha"]
         self.n_reinits = list(meta["n_reinits"])
         self.window_samples = int(meta["window_samples"])
+        self._bias_pending = set(meta.get("bias_pending", []))
         self.history, self.reinit_events, self.checks = meta["history"], meta["reinit_events"], meta["checks"]
         self._assignments = {tuple(int(s) for s in k.split(",")): (np.array(v[0]), np.array(v[1]))
                              for k, v in meta["assignments"].items()}

@@ -144,14 +144,16 @@ class _TopKEncode(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             d_sae = weight.shape[0]
             sparse = torch.sparse_coo_tensor(
-                torch.stack([idx.reshape(-1), torch.arange(idx.shape[0]).repeat_interleave(idx.shape[1])]),
+                torch.stack([idx.reshape(-1),
+                             torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])]),
                 g.reshape(-1),
                 (d_sae, x.shape[0]),
                 check_invariants=False,
             )
             g_w = torch.sparse.mm(sparse, x)
         if ctx.needs_input_grad[2]:
-            g_b = torch.zeros(weight.shape[0], dtype=g.dtype).index_add_(0, idx.reshape(-1), g.reshape(-1))
+            g_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device).index_add_(0, idx.reshape(-1),
+                                                                                         g.reshape(-1))
         return g_x, g_w, g_b, None
 
 
@@ -160,7 +162,8 @@ def _total_variance(x: Tensor, reduce_stats: Callable[[Tensor], Tensor] | None =
     if reduce_stats is None:
         return (x - x.mean(0)).pow(2).sum().detach()
     xd = x.detach().double()
-    stats = reduce_stats(torch.cat([xd.sum(0), xd.pow(2).sum(0), torch.tensor([float(x.shape[0])], dtype=xd.dtype)]))
+    n = torch.tensor([float(x.shape[0])], dtype=xd.dtype, device=xd.device)
+    stats = reduce_stats(torch.cat([xd.sum(0), xd.pow(2).sum(0), n]))
     d = x.shape[1]
     s1, s2, n = stats[:d], stats[d:2 * d], stats[-1]
     return (s2 - s1.pow(2) / n).sum().clamp_min(0).to(x.dtype)
@@ -249,6 +252,9 @@ class TopKSae(nn.Module):
             raise ValueError(f"x must have shape [batch, d_in={self.d_in}], got {list(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+        if not bool(torch.isfinite(x).all()):
+            n_bad = int((~torch.isfinite(x)).sum())
+            raise ValueError(f"x contains {n_bad} non-finite value(s) (NaN or inf)")
         return x.to(self.dtype)
 
     def encode(self, x: Tensor) -> EncoderOutput:
@@ -295,8 +301,8 @@ class TopKSae(nn.Module):
         tiny = torch.finfo(x.dtype).tiny
         l2 = e.pow(2).sum()
         fvu = l2 / _total_variance(x, reduce_stats).clamp_min(tiny)
-        numel = torch.tensor(float(e.numel()), dtype=torch.float64)
-        mse = l2 / (reduce_stats(numel) if reduce_stats else numel).to(x.dtype)
+        numel = torch.tensor(float(e.numel()), dtype=torch.float64, device=e.device)
+        mse = l2 / (reduce_stats(numel) if reduce_stats else numel).to(x.dtype).to(x.device)
         auxk = sae_out.new_zeros(())
         if dead_mask is not None:
             if dead_mask.shape != (self.cfg.d_sae,):
@@ -334,7 +340,10 @@ class TopKSae(nn.Module):
         elif layout == "saelens":
             tensors = {"W_enc": w_enc.t().contiguous(), "b_enc": self.encoder.bias.detach().cpu(),
                        "W_dec": w_dec, "b_dec": self.b_dec.detach().cpu()}
-            cfg.update({"activation_fn_kwargs": {"k": self.cfg.k}, "apply_b_dec_to_input": self.cfg.pre_bias})
+            cfg.update({"activation_fn_kwargs": {"k": self.cfg.k}, "apply_b_dec_to_input": self.cfg.pre_bias,
+                        "dtype": str(self.dtype).removeprefix("torch."), "device": "cpu",
+                        "normalize_activations": "none", "rescale_acts_by_decoder_norm": False,
+                        "sae_lens_version": "6.0.0"})
             fname = "sae_weights.safetensors"
         else:
             raise ValueError(f"layout must be 'sparsify' or 'saelens', got {layout!r}")

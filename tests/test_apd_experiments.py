@@ -1,0 +1,64 @@
+"""``mlpinterp reproduce apd`` end to end on tiny step counts (targets pre-placed to keep it fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mlpinterp.cli.main import app
+from mlpinterp.experiments.apd import PRESETS, apd_config, reproduce, setting_spec
+from mlpinterp.toys import RESID_PRESETS, TMSConfig, build_resid_mlp, save_toy, train_tms
+
+torch.set_num_threads(1)
+
+
+def test_cli_tms_quick(tmp_path):
+    model, info = train_tms(TMSConfig(steps=500, batch_size=512, n_instances=2), quiet=True)
+    save_toy(model, tmp_path / "seed0" / "target", info)
+    res = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
+                                   str(tmp_path), "--quick", "--quiet", "--steps", "40"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["config"]["steps"] == 40 and metrics["quick"]
+    assert 0.0 <= metrics["summary"]["mmcs"][0] <= 1.0
+    report = (tmp_path / "report.md").read_text()
+    assert "0.998 ± 0.000" in report and "0.893 ± 0.004" in report
+    for f in ("losses.png", "components.png", "components.safetensors", "apd/checkpoint.safetensors"):
+        assert (tmp_path / "seed0" / f).exists(), f
+    # rerunning resumes from the finished checkpoint and reproduces the metrics exactly
+    res2 = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
+                                    str(tmp_path), "--quick", "--quiet", "--steps", "40"])
+    assert res2.exit_code == 0, res2.output
+    again = json.loads((tmp_path / "metrics.json").read_text())
+    assert again["summary"]["mmcs"] == metrics["summary"]["mmcs"]
+
+
+def test_reproduce_resid_and_gated_tiny(tmp_path):
+    model = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
+    save_toy(model, tmp_path / "r" / "seed0" / "target", {"loss": 0.0})
+    out = reproduce("resid-mlp-1", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
+    s = out["summary"]
+    assert {"scrubbed_mse", "anti_scrubbed_mse", "per_feature_mse_top1_mean", "dead_components"} <= set(s)
+    assert (tmp_path / "r" / "seed0" / "scrubbing_hist.png").exists()
+    out = reproduce("gated-trig", 1, tmp_path / "g", quick=True, quiet=True,
+                    overrides={"steps": 5, "batch_size": 256}, n_eval=400)
+    assert 0.0 <= out["summary"]["gt_param_mmcs"][0] <= 1.0
+    assert (tmp_path / "g" / "seed0" / "functions.png").exists()
+
+
+def test_presets_and_errors():
+    assert PRESETS["tms-5-2"].topk == 0.211 and PRESETS["tms-40-10"].C == 50
+    assert PRESETS["resid-mlp-1"].C == 130 and PRESETS["resid-mlp-2"].C == 200
+    assert apd_config("tms-5-2", True, 3).seed == 3
+    for s in PRESETS:
+        apd_config(s, False, 0).validate()
+        apd_config(s, True, 0).validate()
+    with pytest.raises(ValueError, match="setting"):
+        setting_spec("tms-3-1")
+    with pytest.raises(ValueError, match="setting"):
+        reproduce("tms-3-1", 1, "/tmp/nowhere")
+    with pytest.raises(ValueError, match="seeds"):
+        reproduce("tms-5-2", 0, "/tmp/nowhere")
