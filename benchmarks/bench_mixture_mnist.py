@@ -25,6 +25,30 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def train_mlp(data, d_hidden: int = 256, steps: int = 400, seed: int = 0):
+    """A 784-d_hidden-10 ReLU MLP trained for ``steps`` Adam steps (batch 128, lr 1e-3); returns (MLP, test accuracy)."""
+    import numpy as np
+    import torch
+
+    from mlpinterp.networks import MLP
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(784, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    Xt, yt = torch.as_tensor(np.array(data.X_train)), torch.as_tensor(np.array(data.y_train))
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, Xt.shape[0], (128,), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(Xt[idx]), yt[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        pred = model(torch.as_tensor(np.array(data.X_test))).argmax(1)
+        acc = float((pred == torch.as_tensor(np.array(data.y_test))).float().mean())
+    return MLP.from_module(model), acc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -51,7 +75,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from mlpinterp.data import load_mnist
     from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
-    from mlpinterp.networks import MLP
     from mlpinterp.poly.fit import fit_polynomial
     from mlpinterp.poly.mixture_quadratic import fit_mixture
     from mlpinterp.poly.sgd import _poly_forward, fit_sgd
@@ -62,21 +85,8 @@ def main() -> None:
     y = data.y_train
 
     # --- a briefly trained ReLU MLP -----------------------------------------------------------------
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, args.d_hidden), torch.nn.ReLU(), torch.nn.Linear(args.d_hidden, 10))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    Xt, yt = torch.as_tensor(data.X_train), torch.as_tensor(y)
-    g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    for _ in range(args.train_steps):
-        idx = torch.randint(0, Xt.shape[0], (128,), generator=g)
-        loss = torch.nn.functional.cross_entropy(model(Xt[idx]), yt[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        acc = float((model(torch.as_tensor(data.X_test)).argmax(1) == torch.as_tensor(data.y_test)).float().mean())
-    net = MLP.from_module(model)
+    net, acc = train_mlp(data, args.d_hidden, args.train_steps)
     res["train"] = {"steps": args.train_steps, "seconds": time.perf_counter() - t0, "test_accuracy": acc}
     print(f"trained 784-{args.d_hidden}-10 ReLU MLP: {args.train_steps} Adam steps, test accuracy {acc:.4f}")
 

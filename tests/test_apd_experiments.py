@@ -13,6 +13,8 @@ from mlpinterp.experiments.apd import PRESETS, apd_config, reproduce, setting_sp
 from mlpinterp.toys import RESID_PRESETS, TMSConfig, build_resid_mlp, save_toy, train_tms
 
 torch.set_num_threads(1)
+# torch's first forward-mode AD call scripts its jvp decompositions with the deprecated torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
 def test_cli_tms_quick(tmp_path):

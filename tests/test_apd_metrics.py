@@ -19,6 +19,8 @@ from mlpinterp.apd import (
 from mlpinterp.toys import TMS, TMSConfig, sparse_features, step_generator, tms_ground_truth, train_tms
 
 torch.set_num_threads(1)
+# torch's first forward-mode AD call scripts its jvp decompositions with the deprecated torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from mlpinterp.toys import (
 from mlpinterp.toys.resid_mlp import ResidMLPConfig
 
 torch.set_num_threads(1)
+# torch's first forward-mode AD call scripts its jvp decompositions with the deprecated torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")

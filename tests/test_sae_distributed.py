@@ -34,6 +34,7 @@ def _run(mode: str) -> dict:
     for i in range(STEPS):
         tr.train_step(tr.dist.local_batch(data.batch(i, 32).x.double()))
     return {"recon": [h["recon"] for h in tr.history], "auxk": [h["auxk"] for h in tr.history],
+            "l0": [h["l0"] for h in tr.history],
             "penalty": [h["penalty"] for h in tr.history], "reinit": tr.reinit_events,
             "w": {i: s.W_dec.detach().tolist() for i, s in zip(tr.owned, tr.saes, strict=True)}}
 
@@ -58,7 +59,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     for mode in ("ddp", "ensemble"):
         for r in range(2):
             got = ranks[r][mode]
-            for key in ("recon", "auxk", "penalty"):
+            for key in ("recon", "auxk", "penalty", "l0"):
                 np.testing.assert_allclose(got[key], single[key], rtol=1e-9, atol=1e-12, err_msg=f"{mode} {key}")
             assert got["reinit"] == [e for e in single["reinit"] if mode == "ddp" or e["sae"] % 2 == r]
     # parameters agree too: ddp holds both SAEs on each rank, ensemble one per rank

@@ -74,10 +74,10 @@ def _mp_points(mu, s, kinks):
     return [-mp.inf, *sorted(P), mp.inf]
 
 
-def mp_expect(name, mu, s, weight):
-    """mpmath E[phi(Y) weight(z, y)] at 30 digits, Y = mu + s z (s > 0)."""
+def mp_expect(name, mu, s, weight, dps=30):
+    """mpmath E[phi(Y) weight(z, y)] at ``dps`` digits, Y = mu + s z (s > 0)."""
     f = MP_ACT[name]
-    with mp.workdps(30):
+    with mp.workdps(dps):
         mu, s = mp.mpf(mu), mp.mpf(s)
         P = _mp_points(mu, s, KINKS.get(name, ()))
 
@@ -131,9 +131,7 @@ MP_CASES = [
     ("sigmoid", WIDE),
     ("sigmoid", RIGHT),
     ("tanh", NARROW),
-    ("tanh", BULK),
     ("softplus", LEFT),
-    ("softplus", BULK),
     ("elu", WIDE),
     ("elu", (-3.0, 0.1)),
     ("identity", BULK),
@@ -153,7 +151,7 @@ def test_hermite_coefficients_vs_mpmath(name, case):
 
 
 @pytest.mark.parametrize(
-    "name,case", [("relu", LEFT), ("relu", BULK), ("leaky_relu", (-5.0, 1.0)), ("silu", LEFT), ("gelu", BULK), ("gelu", LEFT),
+    "name,case", [("relu", LEFT), ("relu", BULK), ("leaky_relu", (-5.0, 1.0)), ("silu", LEFT), ("gelu", LEFT),
                   ("tanh", WIDE), ("identity", (-2.0, 0.5))]
 )
 def test_moments_vs_mpmath(name, case):
@@ -205,6 +203,17 @@ def test_derivative_ev_by_stein_identity_with_mpmath(name):
             got = gauss_derivative_ev(name, mu, s, j)
             scale = sp_expect(name, mu, s, he_weight(j), absolute=True) / s**j
             assert abs(got - ref) <= 1e-9 * max(scale, abs(ref)), (name, case, j, got, ref)
+
+
+@pytest.mark.parametrize(
+    "name,mu,s,j", [("gelu_tanh", -9.75, 0.456, 2), ("gelu_tanh", -22.06, 0.99, 3)]
+)
+def test_derivative_ev_tails_vs_mpmath(name, mu, s, j):
+    # left tails, where 1 + tanh(u) differences (torch's autograd formula) lose every digit; the Stein
+    # identity oracle cancels to ~1e-20 of its terms here, hence 60 digits.
+    ref = mp_expect(name, mu, s, lambda z, y: _mp_he(j, z), dps=60) / s**j
+    got = gauss_derivative_ev(name, mu, s, j)
+    assert abs(got - ref) <= 1e-10 * abs(ref), (got, ref)
 
 
 def test_relu_second_derivative_is_density_at_zero():
@@ -429,6 +438,6 @@ def test_tail_integrals_vs_mpmath(nmax):
     J = _tail_j(ts, nmax)
     with mp.workdps(30):
         for i, t in enumerate(ts):
-            for n in range(nmax + 1):
+            for n in sorted({0, 1, nmax // 2, nmax}):
                 ref = float(mp.quad(lambda u, n=n, t=t: u**n * mp.exp(-t * u - u * u / 2), [0, 1, 5, mp.inf]))
                 assert abs(J[i, n] - ref) <= 5e-14 * ref, (t, n, J[i, n], ref)

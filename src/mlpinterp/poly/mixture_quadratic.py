@@ -163,6 +163,8 @@ class _MixtureOperator:
         self.pi = [float(w) for w in weights]
         self.m = torch.as_tensor(coords.means, device=device, dtype=dtype)
         self.S = torch.as_tensor(coords.covs, device=device, dtype=dtype)
+        self.pi_t = torch.as_tensor(np.asarray(weights), device=device, dtype=dtype)
+        self.Q = self.S + self.m[:, :, None] * self.m[:, None, :]  # E_k[u u^T]  [K, r, r]
         self.r = coords.r
         self.kind = preconditioner
         if preconditioner == "diagonal":
@@ -179,17 +181,48 @@ class _MixtureOperator:
         self.n_apply = 0
 
     def apply(self, theta, components=None):
-        """sum_k pi_k M_k theta (``components``: per-component thetas for the right-hand side instead)."""
+        """sum_k pi_k M_k theta (``components``: per-component thetas, for the right-hand side, instead)."""
         torch = self.torch
         self.n_apply += 1
+        if components is None:
+            return self._apply_fused(*theta)
         out = None
         for k, pk in enumerate(self.pi):
             if pk == 0.0:
                 continue
-            th = theta if components is None else components[k]
-            g = _component_apply(*th, self.m[k], self.S[k])
+            g = _component_apply(*components[k], self.m[k], self.S[k])
             out = [pk * t for t in g] if out is None else [o + pk * t for o, t in zip(out, g, strict=True)]
-        return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in theta)
+        return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in components[0])
+
+    def _apply_fused(self, c, b, A):
+        """Same as summing ``_component_apply`` over components, with every O(o r^2) pass batched over k.
+
+        Memory traffic, not arithmetic, dominated the naive sum (about 15 passes over ``[o, r, r]`` per
+        component); here each component costs its two GEMMs ``S_k (A S_k)``, accumulated in place.
+        """
+        torch = self.torch
+        o, r = b.shape
+        pi, m, S = self.pi_t, self.m, self.S
+        AM = torch.matmul(A, m.T)  # [o, r, K]  A m_k
+        mAm = torch.einsum("ork,kr->ok", AM, m)
+        trAS = A.reshape(o, r * r) @ S.reshape(-1, r * r).T  # [o, K]
+        e0 = c[:, None] + b @ m.T + mAm + trAS  # [o, K]  E_k[p]
+        bp = b[:, None, :] + 2 * AM.transpose(1, 2)  # [o, K, r]
+        ev = torch.einsum("okr,krs->oks", bp, S)  # [o, K, r]  E_k[p v]
+        pe0 = e0 * pi  # [o, K]
+        g0 = pe0.sum(1)
+        g1 = pe0 @ m + torch.einsum("k,oks->os", pi, ev)
+        g2 = (pe0 @ self.Q.reshape(-1, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
+        W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
+        g2 += W
+        g2 += W.transpose(1, 2)
+        A2 = A.reshape(o * r, r)
+        for k, pk in enumerate(self.pi):
+            if pk == 0.0:
+                continue
+            Y = (A2 @ S[k]).reshape(o, r, r)  # A S_k
+            g2.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+        return g0, g1, g2
 
     def precondition(self, g):
         """Apply the preconditioner (an SPD approximation of M^-1; see module docstring)."""

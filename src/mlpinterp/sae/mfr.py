@@ -398,14 +398,13 @@ class MfrTrainer:
                 for local in sorted(self._bias_pending):
                     self.saes[local].b_dec.copy_(mean)
             self._bias_pending.clear()
-        recon_terms, auxk_terms, l0s, counts = [], [], [], []
+        recon_terms, auxk_terms, counts = [], [], []
         for local, mod in enumerate(self.modules):
             dead = self.since_fired[local] >= cfg.dead_after_samples if cfg.auxk_alpha > 0 else None
             out = mod(x, dead_mask=dead, reduce_stats=reduce)
             recon_terms.append(out.fvu if cfg.loss == "fvu" else out.mse)
             auxk_terms.append(out.auxk_loss)
             counts.append(firing_counts(out.latent_acts, out.latent_indices, cfg.sae.d_sae))
-            l0s.append(float((out.latent_acts > 0).sum(-1).double().mean()))
         loss = world * (torch.stack(recon_terms).sum() + cfg.auxk_alpha * torch.stack(auxk_terms).sum())
         recon_local = torch.stack([r.detach() for r in recon_terms])
         auxk_local = torch.stack([a.detach() for a in auxk_terms])
@@ -417,6 +416,8 @@ class MfrTrainer:
             n_batch = x.shape[0]
         recon_all = self._gather_scalars(recon_local)
         auxk_all = self._gather_scalars(auxk_local)
+        # L0 = (sum over latents of firing counts) / samples
+        l0s = self._gather_scalars(torch.stack([c.sum().double() / n_batch for c in counts]))
         penalty_value, alpha_t = None, 0.0
         if cfg.penalty:
             surrogate, penalty_value = self._penalty()
