@@ -55,11 +55,11 @@ def main() -> None:
     ap.add_argument("--d-hidden", type=int, default=256)
     ap.add_argument("--train-steps", type=int, default=400)
     ap.add_argument("--fvu-tol", type=float, default=1e-6, help="CG stop: estimated excess FVU")
-    ap.add_argument("--maxiter", type=int, default=400)
+    ap.add_argument("--maxiter", type=int, default=300)
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--preconditioner", default="diagonal")
-    ap.add_argument("--hybrid-max-seconds", type=float, default=600.0)
-    ap.add_argument("--hybrid-optimizer", default="sgd", choices=["sgd", "adamw"])
+    ap.add_argument("--hybrid-max-seconds", type=float, default=900.0)
+    ap.add_argument("--hybrid-optimizer", default="adamw", choices=["sgd", "adamw"])
     ap.add_argument("--hybrid-lr", type=float, default=None)
     ap.add_argument("--n-eval", type=int, default=4096)
     ap.add_argument("--n-mc", type=int, default=20000)
@@ -110,6 +110,7 @@ def main() -> None:
     res["exact"]["peak_rss_mb_before"] = rss0
     res["exact"]["peak_rss_mb_after"] = rss_mb()
     res["exact"]["residual_history"] = si["residual_history"]
+    res["exact"]["explained_variance_history"] = si["explained_variance_history"]
     print(f"exact quadratic (CG, {args.dtype}, {args.threads} thread(s)): {t_exact:.1f}s, {si['iterations']} iterations, "
           f"final relative residual {si['relative_residual']:.2e}, estimated excess FVU {si['excess_fvu_estimate']}, "
           f"stopped by {si['stopped_by']}, support rank {si['support_rank']}, setup {si['setup_time_s']:.1f}s")
@@ -151,7 +152,7 @@ def main() -> None:
         target = fvu_exact_eval + 1e-4
         budget = min(10 * t_exact, args.hybrid_max_seconds)
         t0 = time.perf_counter()
-        p_h = fit_sgd(net, mix, 2, steps=10**9, time_limit=budget, target_fvu=None, eval_every=25,
+        p_h = fit_sgd(net, mix, 2, steps=10**9, time_limit=budget, target_fvu=None, eval_every=100,
                       n_eval=args.n_eval, seed=0, device="cpu", optimizer=args.hybrid_optimizer, lr=args.hybrid_lr,
                       progress=not args.quiet)
         hist = p_h.info["history"]

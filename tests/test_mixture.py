@@ -280,7 +280,7 @@ def test_sgd_hybrid_improves_on_its_init_and_not_on_the_exact_optimum():
     d = 4
     mix = random_mixture(d, rng)
     net = random_net("relu", d, rng)
-    p = fit_sgd(net, mix, 2, steps=300, eval_every=100, n_eval=20_000, seed=1, progress=False)
+    p = fit_sgd(net, mix, 2, steps=300, lr=1e-3, eval_every=100, n_eval=20_000, seed=1, progress=False)
     h = p.info["history"]
     assert [e["step"] for e in h] == [0, 100, 200, 300]
     assert all(b["wall_time_s"] >= a["wall_time_s"] for a, b in zip(h, h[1:], strict=False))
@@ -291,7 +291,7 @@ def test_sgd_hybrid_improves_on_its_init_and_not_on_the_exact_optimum():
     exact = ((f - fit_polynomial(net, mix, 2)(X_eval)) ** 2).sum() / ((f - f.mean(0)) ** 2).sum()
     assert exact <= h[-1]["fvu"] + 1e-3
     # deterministic given the seed
-    p2 = fit_sgd(net, mix, 2, steps=300, eval_every=100, n_eval=20_000, seed=1, progress=False)
+    p2 = fit_sgd(net, mix, 2, steps=300, lr=1e-3, eval_every=100, n_eval=20_000, seed=1, progress=False)
     np.testing.assert_array_equal(p2.coefficients(2), p.coefficients(2))
     # the dispatcher routes method="sgd" here
     p3 = fit_polynomial(net, mix, 2, method="sgd", steps=5, progress=False, optimizer="adamw")

@@ -128,3 +128,13 @@ def test_rank_shards_partition_the_chunks(minilm):
     assert sorted(map(tuple, torch.cat(parts).tolist())) == sorted(map(tuple, full.tolist()))
     with pytest.raises(ValueError, match=r"rank must be in \[0, world=2\), got 2"):
         ActivationConfig(hook_point="x", rank=2, world=2)
+
+
+def test_model_output_hook_points_are_supported(minilm):
+    model, tok = minilm
+    ids = token_chunks(tok, TEXT, ctx_len=12, max_chunks=2)
+    acts = hook_activations(model, "encoder", ids)  # BertEncoder returns a BaseModelOutput
+    with torch.no_grad():
+        torch.testing.assert_close(acts, model(input_ids=ids).last_hidden_state)
+    res = embedding_recovered(model, "encoder", identity_sae(384), ids)
+    assert res["cos_spliced"] == pytest.approx(1.0, abs=1e-5)

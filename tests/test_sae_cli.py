@@ -30,6 +30,10 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
     assert res.exit_code == 0, res.output
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert {r["condition"] for r in metrics["runs"]} == {"baseline", "reinit", "mfr"}
+    # 4 steps < one inactivity window: no check, so the reinit run is provably the baseline run and is reused
+    reinit = next(r for r in metrics["runs"] if r["condition"] == "reinit")
+    base = next(r for r in metrics["runs"] if r["condition"] == "baseline")
+    assert reinit["reused_baseline"] and reinit["mmcs_truth"] == base["mmcs_truth"] and not base["would_reinit"]
     assert metrics["paper"]["synthetic_correlation_baseline"] == 0.625
     report = (tmp_path / "report.md").read_text()
     assert "0.625" in report and "0.668" in report

@@ -118,14 +118,20 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         with _patched(model, comps, {"coef": coef, "base": base}):
             return torch.func.functional_call(model, _param_weights(model, comps, coef, base), (x,), strict=False)
     state: dict = {"coef": None, "base": base}
+    # per-sample weights of the parameter sites, one GEMM per site ([batch, C] @ [C, d_out d_in]), outside vmap
+    weights = {}
+    for s in comps.sites:
+        if s.kind == "param":
+            P = torch.bmm(*comps.factors(s))
+            w = (coef @ P.reshape(comps.C, -1)).reshape(-1, s.d_out, s.d_in)
+            weights[s.name] = w + target_weight(model, s) if base else w
 
-    def one(xb: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
+    def one(xb: torch.Tensor, cb: torch.Tensor, wb: dict) -> torch.Tensor:
         state["coef"] = cb[None]
-        weights = _param_weights(model, comps, cb, base)
-        return torch.func.functional_call(model, weights, (xb[None],), strict=False)[0]
+        return torch.func.functional_call(model, wb, (xb[None],), strict=False)[0]
 
     with _patched(model, comps, state):
-        return torch.func.vmap(one)(x, coef)
+        return torch.func.vmap(one)(x, coef, weights)
 
 
 @contextmanager

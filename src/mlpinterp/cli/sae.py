@@ -52,12 +52,15 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         steps: int = typer.Option(0, min=0, help="Override the number of steps (0: setting default)."),
         device: str = typer.Option("cpu", help="torch device, e.g. cuda."),
         hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream)."),
+        n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
+        alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
     ) -> None:
         """Reproduce Marks et al. 2024 (MFR): figures, metrics.json and report.md in OUT."""
         from mlpinterp.experiments import mfr as exp_mod
 
         ks = _k_values(k, ctx.args)
-        kw = {"k_values": ks, "seeds": seeds, **({"steps": steps} if steps else {})}
+        kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
+              **({"steps": steps} if steps else {})}
         if setting == "synthetic":
             exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
             metrics = exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)

@@ -65,7 +65,7 @@ _TMS52 = APDConfig(targets=("W",), C=5, m=None, steps=20_000, batch_size=2048, l
 _TMS4010 = APDConfig(targets=("W",), C=50, m=None, steps=20_000, batch_size=2048, lr=1e-3, lr_schedule="cosine",
                      warmup_frac=0.05, topk=1.0, faithfulness_coeff=1.0, minimality_coeff=10.0,
                      simplicity_coeff=20.0, schatten_p=0.9, attribution_source="target", log_every=500,
-                     checkpoint_every=2000)
+                     checkpoint_every=500)
 _RESID1 = APDConfig(targets=("layers.0.mlp_in", "layers.0.mlp_out"), C=130, m=1, steps=40_000, batch_size=2048,
                     lr=1e-3, lr_schedule="cosine", warmup_frac=0.01, topk=1.28, faithfulness_coeff=1.0,
                     minimality_coeff=1.0, simplicity_coeff=10.0, schatten_p=0.9, act_recon_coeff=1.0,

@@ -34,7 +34,7 @@ from mlpinterp.utils.io import atomic_write_json
 
 DATASET_DEFAULTS = {
     # width, learning rate, steps, Monte Carlo samples of the mixture
-    "digits": dict(d_hidden=256, lr=5e-3, steps=8192, mc_samples=50_000),
+    "digits": dict(d_hidden=256, lr=5e-3, steps=8192, mc_samples=20_000),
     "mnist": dict(d_hidden=512, lr=5e-3, steps=16384, mc_samples=20_000),
     "fashion-mnist": dict(d_hidden=512, lr=5e-3, steps=16384, mc_samples=20_000),
 }

@@ -59,6 +59,16 @@ def _ratio_stats(r2: np.ndarray, v2: np.ndarray) -> tuple[float, float, np.ndarr
     return float(pooled), float(pooled_se), per, per_se
 
 
+def fvu_from_outputs(f: np.ndarray, p_out: np.ndarray, method: str = "data") -> FVUResult:
+    """FVU from precomputed outputs ``f [n, d_out]`` (network) and ``p_out [n, d_out]`` (approximant)."""
+    if f.shape != p_out.shape or f.ndim != 2 or f.shape[0] < 2:
+        raise ValueError(f"f and p_out must both have shape [n >= 2, d_out], got {list(f.shape)} and {list(p_out.shape)}")
+    r2 = (f - p_out) ** 2
+    v2 = (f - f.mean(0)) ** 2
+    pooled, se, per, per_se = _ratio_stats(r2, v2)
+    return FVUResult(pooled, per, se, per_se, method, f.shape[0])
+
+
 def fvu_on_data(network, p, X) -> FVUResult:
     """FVU of ``p`` against ``network`` on real inputs ``X [n, d_in]`` (variance about the data mean).
 
@@ -68,11 +78,7 @@ def fvu_on_data(network, p, X) -> FVUResult:
     X = to_numpy(X, "X")
     if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] != network.d_in:
         raise ValueError(f"X must have shape [n >= 2, d_in={network.d_in}], got {list(X.shape)}")
-    f = network(X)
-    r2 = (f - p(X)) ** 2
-    v2 = (f - f.mean(0)) ** 2
-    pooled, se, per, per_se = _ratio_stats(r2, v2)
-    return FVUResult(pooled, per, se, per_se, "data", X.shape[0])
+    return fvu_from_outputs(network(X), p(X))
 
 
 def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk: int = 50_000) -> FVUResult:
@@ -165,13 +171,18 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(1, keepdims=True))
 
 
+def kl_from_outputs(f: np.ndarray, p_out: np.ndarray) -> tuple[float, float]:
+    """Mean KL(softmax(f) || softmax(p_out)) in nats over rows, and its standard error."""
+    lf, lp = _log_softmax(f), _log_softmax(p_out)
+    kl = (np.exp(lf) * (lf - lp)).sum(1)
+    return float(kl.mean()), (float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else 0.0)
+
+
 def kl_divergence(network, p, X) -> tuple[float, float]:
     """Mean KL(softmax(f(x)) || softmax(p(x))) over inputs ``X [n, d_in]`` in nats, and its standard error."""
     network = validate_network(network)
     X = to_numpy(X, "X")
-    lf, lp = _log_softmax(network(X)), _log_softmax(p(X))
-    kl = (np.exp(lf) * (lf - lp)).sum(1)
-    return float(kl.mean()), float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else 0.0
+    return kl_from_outputs(network(X), p(X))
 
 
 def kl_divergence_under(network, p, distribution, *, n_samples: int = 100_000, seed: int = 0) -> tuple[float, float]:

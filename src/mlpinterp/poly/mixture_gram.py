@@ -121,11 +121,18 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
     return f
 
 
+def sandwich(L: np.ndarray, T: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """``L @ T[o] @ R`` for every o, as two 2-D GEMMs: ``L [a, b]``, ``T [o, b, c]``, ``R [c, e]`` -> ``[o, a, e]``."""
+    o, b, c = T.shape
+    TR = (T.reshape(o * b, c) @ R).reshape(o, b, -1)  # [o, b, e]
+    return np.tensordot(L, TR, axes=([1], [1])).transpose(1, 0, 2)
+
+
 def _theta_from_raw(T0, T1, T2, f: _Factorised) -> np.ndarray:
     """Raw-coordinate quadratic (T0 [o], T1 [o, d], T2 [o, d, d]) -> feature coefficients ``[F, o]`` in u."""
     m, Wi = f.mean, f.Winv
     T2m = T2 @ m  # [o, d]
-    A = Wi.T @ T2 @ Wi  # [o, r, r]
+    A = sandwich(Wi.T, T2, Wi)  # [o, r, r]
     b = (T1 + 2 * T2m) @ Wi
     c = T0 + T1 @ m + T2m @ m
     i, j = f.iu
@@ -143,7 +150,7 @@ def _raw_from_theta(theta: np.ndarray, f: _Factorised) -> tuple[np.ndarray, np.n
     A[:, i, j] = q * np.where(i == j, 1.0, 0.5)
     A[:, j, i] = A[:, i, j]
     W, m = f.W, f.mean
-    T2 = W.T @ A @ W  # [o, d, d]
+    T2 = sandwich(W.T, A, W)  # [o, d, d]
     T2m = T2 @ m
     T1 = b @ W - 2 * T2m
     T0 = c - b @ (W @ m) + T2m @ m

@@ -46,7 +46,13 @@ def resolve_hook_point(model: nn.Module, hook_point: str) -> nn.Module:
 
 
 def _first(output):
-    return output[0] if isinstance(output, (tuple, list)) else output
+    """The activation tensor of a module output: itself, the first element of a tuple, or the first value of a
+    Hugging Face ``ModelOutput`` / dict (e.g. ``last_hidden_state``)."""
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    if isinstance(output, dict):
+        return next(iter(output.values()))
+    return output
 
 
 class _Stop(Exception):
@@ -122,13 +128,19 @@ def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int 
     if body < 1:
         raise ValueError(f"ctx_len must exceed the {len(prefix) + len(suffix)} special tokens, got {ctx_len}")
     chunks: list[list[int]] = []
-    for text in texts:
-        for para_start in range(0, len(text), 200_000):
-            ids = tokenizer(text[para_start:para_start + 200_000], add_special_tokens=False)["input_ids"]
-            for s in range(0, len(ids) - body + 1, body):
-                chunks.append(prefix + list(ids[s:s + body]) + suffix)
-                if max_chunks is not None and len(chunks) >= max_chunks:
-                    return torch.tensor(chunks, dtype=torch.int64)
+    saved_max = getattr(tokenizer, "model_max_length", None)
+    try:  # long documents are cut into chunks here, so the tokenizer's length warning does not apply
+        tokenizer.model_max_length = int(1e30)
+        for text in texts:
+            for para_start in range(0, len(text), 200_000):
+                ids = tokenizer(text[para_start:para_start + 200_000], add_special_tokens=False)["input_ids"]
+                for s in range(0, len(ids) - body + 1, body):
+                    chunks.append(prefix + list(ids[s:s + body]) + suffix)
+                    if max_chunks is not None and len(chunks) >= max_chunks:
+                        return torch.tensor(chunks, dtype=torch.int64)
+    finally:
+        if saved_max is not None:
+            tokenizer.model_max_length = saved_max
     if not chunks:
         raise ValueError(f"texts hold fewer than ctx_len={ctx_len} tokens")
     return torch.tensor(chunks, dtype=torch.int64)

@@ -31,6 +31,10 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor]) ->
     def hook(_mod, _inp, out):
         if isinstance(out, (tuple, list)):
             return type(out)([fn(out[0]), *out[1:]])
+        if isinstance(out, dict):  # Hugging Face ModelOutput: replace its first field
+            key = next(iter(out.keys()))
+            out[key] = fn(out[key])
+            return out
         return fn(out)
 
     handle = module.register_forward_hook(hook)

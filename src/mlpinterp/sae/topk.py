@@ -257,9 +257,10 @@ class TopKSae(nn.Module):
             raise ValueError(f"x contains {n_bad} non-finite value(s) (NaN or inf)")
         return x.to(self.dtype)
 
-    def encode(self, x: Tensor) -> EncoderOutput:
+    def encode(self, x: Tensor, *, _checked: bool = False) -> EncoderOutput:
         """TopK then ReLU. ``x``: ``[batch, d_in]``. Returns :class:`EncoderOutput`."""
-        x = self._check_input(x)
+        if not _checked:
+            x = self._check_input(x)
         if self.cfg.pre_bias:
             x = x - self.b_dec
         acts, idx, pre = _TopKEncode.apply(x, self.encoder.weight, self.encoder.bias, self.cfg.k)
@@ -295,7 +296,7 @@ class TopKSae(nn.Module):
             If ``x`` has the wrong shape or dtype, or ``dead_mask`` the wrong shape.
         """
         x = self._check_input(x)
-        enc = self.encode(x)
+        enc = self.encode(x, _checked=True)
         sae_out = self.decode(enc.top_acts, enc.top_indices)
         e = x - sae_out
         tiny = torch.finfo(x.dtype).tiny
