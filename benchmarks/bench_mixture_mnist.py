@@ -114,6 +114,8 @@ def main() -> None:
     print(f"exact quadratic (CG, {args.dtype}, {args.threads} thread(s)): {t_exact:.1f}s, {si['iterations']} iterations, "
           f"final relative residual {si['relative_residual']:.2e}, estimated excess FVU {si['excess_fvu_estimate']}, "
           f"stopped by {si['stopped_by']}, support rank {si['support_rank']}, setup {si['setup_time_s']:.1f}s")
+    print(f"exact quadratic CPU time {si['cpu_time_s']:.1f}s ({si['cpu_time_s'] / t_exact:.0%} of wall: shared CPU); "
+          f"{si['operator_applications']} operator applications")
     print(f"peak RSS: {rss0:.0f} MB before the solve, {rss_mb():.0f} MB after (process peak)")
 
     # --- reference approximants ---------------------------------------------------------------------

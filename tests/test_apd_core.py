@@ -336,3 +336,17 @@ def test_attributions_are_differentiable_and_bad_source():
         assert any(g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="source"):
         attributions(model, comps, x, "model")
+
+
+def test_from_weights_shape_and_rank_errors():
+    m = _frozen(Mixed())
+    sites = resolve_sites(m, ["lin", "V"])
+    good = {"lin": torch.zeros(2, 3, 4), "V": torch.zeros(2, 3, 3)}
+    with pytest.raises(ValueError, match=r"weights\['lin'\] must have shape \[C, 3, 4\]"):
+        Components.from_weights(sites, {**good, "lin": torch.zeros(2, 4, 3)})
+    with pytest.raises(ValueError, match="lacks site 'V'"):
+        Components.from_weights(sites, {"lin": good["lin"]})
+    with pytest.raises(ValueError, match="same number of components"):
+        Components.from_weights(sites, {**good, "V": torch.zeros(3, 3, 3)})
+    with pytest.raises(ValueError, match="needs rank 3 > m=1"):
+        Components.from_weights(sites, {**good, "V": torch.randn(2, 3, 3)}, m=1)

@@ -44,6 +44,10 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
                                 "--quiet", "--out", str(tmp_path)])
     assert again.exit_code == 0
     assert json.loads((tmp_path / "metrics.json").read_text())["runs"] == metrics["runs"]
+    # a different setting in the same directory is refused instead of silently mixing runs
+    other = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--steps", "5", "--quick",
+                                "--quiet", "--out", str(tmp_path)])
+    assert other.exit_code != 0 and "different settings (steps)" in str(other.exception)
 
 
 def test_reproduce_mfr_rejects_unknown_setting(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpinterp.gaussian.activations import Activation, get_activation
-from mlpinterp.utils.validation import check_shape, to_numpy
+from mlpinterp.utils.validation import check_shape, frozen, to_numpy
 
 
 def _input(X, d_in: int) -> tuple[np.ndarray, bool]:
@@ -59,7 +59,7 @@ class MLP:
             raise ValueError(f"W2 must have shape [d_out, d_hidden={h}], got {list(W2.shape)}")
         b2 = check_shape(to_numpy(self.b2, "b2"), "b2", (W2.shape[0],))
         for k, v in dict(W1=W1, b1=b1, W2=W2, b2=b2).items():
-            object.__setattr__(self, k, v)
+            object.__setattr__(self, k, frozen(v))
         object.__setattr__(self, "act", get_activation(self.activation))
         object.__setattr__(self, "activation", self.act.name)
 
@@ -147,7 +147,7 @@ class GLU:
             raise ValueError(f"W2 must have shape [d_out, d_hidden={h}], got {list(W2.shape)}")
         b2 = np.zeros(W2.shape[0]) if self.b2 is None else check_shape(to_numpy(self.b2, "b2"), "b2", (W2.shape[0],))
         for k, v in dict(W=W, b=b, V=V, c=c, W2=W2, b2=b2).items():
-            object.__setattr__(self, k, v)
+            object.__setattr__(self, k, frozen(v))
         object.__setattr__(self, "act", get_activation(self.activation))
         object.__setattr__(self, "activation", self.act.name)
 

@@ -105,6 +105,7 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
                   quiet: bool = False, device: str = "cpu") -> dict:
     """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
     out = Path(out)
+    _guard_settings(out, exp)
     results: list[dict] = []
     t_start = time.time()
     for k in exp.k_values:
@@ -159,6 +160,21 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
     _figures_synthetic(out, exp, results)
     _report(out, metrics)
     return metrics
+
+
+def _guard_settings(out: Path, exp) -> None:
+    """Refuse to mix runs of different settings in one output directory (k values and seeds may grow)."""
+    want = {k: v for k, v in asdict(exp).items() if k not in ("k_values", "seeds")}
+    want = json.loads(json.dumps(want))  # tuples -> lists, as stored
+    path = out / "experiment.json"
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        if diff:
+            raise ValueError(f"{str(out)!r} holds runs made with different settings ({', '.join(diff)}); "
+                             f"use another --out")
+    else:
+        atomic_write_json(path, want)
 
 
 def _value(r: dict, key: str) -> float:
@@ -336,6 +352,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     from mlpinterp.sae.evaluate import embedding_recovered, lm_loss_recovered
 
     out = Path(out)
+    _guard_settings(out, exp)
     t_start = time.time()
     model, tok = load_model(exp.model)
     is_lm = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \

@@ -91,6 +91,13 @@ class PolynomialReproConfig:
         if d["steps"] < 16:
             raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
         d["warmup_steps"] = min(d["warmup_steps"], d["steps"])
+        if d["mc_samples"] < 2:
+            raise ValueError(f"mc_samples must be >= 2, got {d['mc_samples']}")
+        if self.attack_k < 0:
+            raise ValueError(f"attack_k must be >= 0, got {self.attack_k}")
+        # validate the training hyper-parameters now, before anything is written
+        ClassifierConfig(d_in=1, n_classes=2, d_hidden=d["d_hidden"], arch=self.arch, activation=self.activation,
+                         lr=d["lr"], warmup_steps=d["warmup_steps"], steps=d["steps"])
         out = asdict(self)
         out.update(d)
         return out

@@ -254,18 +254,55 @@ def _from_module(module) -> Activation:
         return _named("softplus")
     if isinstance(module, nn.ELU) and float(module.alpha) == 1.0:
         return _named("elu")
-    kinks = (0.0,) if isinstance(module, (nn.ELU, nn.CELU, nn.Hardtanh, nn.ReLU6)) else ()
-    if isinstance(module, nn.Hardtanh):
-        kinks = (float(module.min_val), float(module.max_val))
-    if isinstance(module, nn.ReLU6):
-        kinks = (0.0, 6.0)
+    kinks = _module_kinks(module)
+    # a float64 copy: parametric modules (PReLU) kept in float32 would reject float64 inputs
+    import copy
+
+    module64 = copy.deepcopy(module).double().eval()
 
     def fn(y):
         y = np.asarray(y, dtype=np.float64)
         with torch.no_grad():
-            return module(torch.from_numpy(y)).numpy().astype(np.float64)
+            return module64(torch.from_numpy(np.ascontiguousarray(y))).numpy().astype(np.float64)
 
     return Activation(f"torch:{module!r}", fn, module, kinks, None)
+
+
+def _module_kinks(module) -> tuple[float, ...]:
+    """Kinks/jumps of the elementwise torch modules we accept; ``TypeError`` for any other module.
+
+    Only modules known to act elementwise (with parameters shared by all entries) are accepted: the Gaussian
+    integrals evaluate phi on arrays of quadrature nodes, which is meaningless for Softmax, LayerNorm, ...
+    """
+    import torch
+
+    nn = torch.nn
+    if isinstance(module, (nn.ELU, nn.CELU, nn.SELU)):
+        return (0.0,)
+    if isinstance(module, nn.Hardtanh):  # includes ReLU6
+        return (float(module.min_val), float(module.max_val))
+    if isinstance(module, nn.Threshold):
+        return (float(module.threshold),)
+    if isinstance(module, (nn.Hardshrink, nn.Softshrink)):
+        lam = float(module.lambd)
+        return (-lam, lam) if lam > 0 else (0.0,)
+    if isinstance(module, (nn.Hardswish, nn.Hardsigmoid)):
+        return (-3.0, 3.0)
+    if isinstance(module, nn.PReLU):
+        if module.num_parameters != 1:
+            raise TypeError(
+                f"act: PReLU with num_parameters={module.num_parameters} is not elementwise with a shared slope; "
+                "only num_parameters=1 is supported"
+            )
+        return (0.0,)
+    if isinstance(module, (nn.Softplus, nn.Mish, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid)):
+        return ()
+    raise TypeError(
+        f"act: torch module {type(module).__name__} is not a supported elementwise activation; the Gaussian "
+        "integrals need an elementwise phi (supported: ReLU, LeakyReLU, GELU, SiLU, Sigmoid, Tanh, Softplus, ELU, "
+        "CELU, SELU, Hardtanh, ReLU6, Threshold, Hardshrink, Softshrink, Hardswish, Hardsigmoid, PReLU(1), Mish, "
+        "Softsign, Tanhshrink, LogSigmoid, Identity); wrap a custom elementwise function as a callable instead"
+    )
 
 
 def _wrap_callable(f: Callable) -> Activation:

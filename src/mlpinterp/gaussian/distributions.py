@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlpinterp.utils.validation import check_shape, to_numpy
+from mlpinterp.utils.validation import check_shape, frozen, to_numpy
 
 #: Relative tolerance (w.r.t. the largest eigenvalue) below which an eigenvalue counts as zero
 #: and above which a negative eigenvalue makes a covariance non-PSD.
@@ -21,20 +21,36 @@ PSD_RTOL = 1e-10
 
 def _check_cov(cov: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Symmetrise-check ``cov`` and return ``(cov, eigvals, eigvecs)`` with tiny negatives clipped."""
-    scale = max(float(np.max(np.abs(cov))), 1e-300)
-    asym = float(np.max(np.abs(cov - cov.T))) if cov.size else 0.0
-    if asym > 1e-8 * scale:
+    scale = float(np.max(np.abs(cov))) if cov.size else 0.0
+    # halves first: cov - cov.T and cov + cov.T overflow for entries near the float64 maximum
+    asym = 2.0 * float(np.max(np.abs(0.5 * cov - 0.5 * cov.T))) if cov.size else 0.0
+    if asym > 1e-8 * max(scale, 1e-300):
         raise ValueError(f"{name} must be symmetric; max |cov - cov.T| = {asym:.3g}")
-    cov = 0.5 * (cov + cov.T)
-    w, v = np.linalg.eigh(cov)
+    cov = 0.5 * cov + 0.5 * cov.T
+    if scale > 0.0:
+        # eigen-decompose the unit-scale matrix (no overflow/underflow inside LAPACK), then rescale
+        w, v = np.linalg.eigh(cov / scale)
+        with np.errstate(over="ignore"):
+            w = w * scale
+        if not np.all(np.isfinite(w)):
+            raise ValueError(f"{name} has eigenvalues beyond the float64 range (largest entry {scale:.3g})")
+    else:
+        w, v = np.zeros(cov.shape[0]), np.eye(cov.shape[0])
     top = max(float(w[-1]) if w.size else 0.0, 0.0)
-    if w.size and w[0] < -PSD_RTOL * max(top, 1e-300) and w[0] < -1e-14:
+    # relative test only: an indefinite matrix is rejected at any scale (diag(1e-20, -1e-21) included)
+    if w.size and w[0] < -PSD_RTOL * max(top, scale):
         raise ValueError(
             f"{name} must be positive semi-definite; smallest eigenvalue {w[0]:.3g} "
             f"(largest {top:.3g})"
         )
     w = np.where(w < PSD_RTOL * top, 0.0, w)
     return cov, w, v
+
+
+def _check_n(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    return int(n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,16 +80,16 @@ class Gaussian:
 
     def __post_init__(self) -> None:
         mean = to_numpy(self.mean, "mean")
-        if mean.ndim != 1:
-            raise ValueError(f"mean must have shape [d], got {list(mean.shape)}")
+        if mean.ndim != 1 or mean.shape[0] < 1:
+            raise ValueError(f"mean must have shape [d >= 1], got {list(mean.shape)}")
         d = mean.shape[0]
         cov = check_shape(to_numpy(self.cov, "cov"), "cov", (d, d))
         cov, w, v = _check_cov(cov, "cov")
         keep = w > 0
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "cov", cov)
-        object.__setattr__(self, "factor", v[:, keep] * np.sqrt(w[keep]))
-        object.__setattr__(self, "support", v[:, keep])
+        object.__setattr__(self, "mean", frozen(mean))
+        object.__setattr__(self, "cov", frozen(cov))
+        object.__setattr__(self, "factor", frozen(v[:, keep] * np.sqrt(w[keep])))
+        object.__setattr__(self, "support", frozen(v[:, keep]))
 
     @property
     def d(self) -> int:
@@ -124,12 +140,16 @@ class Gaussian:
 
     def sample(self, n: int, generator: np.random.Generator | int | None = None) -> np.ndarray:
         """Draw ``[n, d]`` samples (float64). ``generator``: a numpy Generator or a seed."""
+        n = _check_n(n)
         rng = np.random.default_rng(generator)
         u = rng.standard_normal((n, self.rank))
         return self.mean + u @ self.factor.T
 
     def project_to_support(self, X: np.ndarray) -> np.ndarray:
         """Orthogonal projection of ``X [n, d]`` onto the affine support ``mean + range(cov)``."""
+        X = to_numpy(X, "X")
+        if X.ndim not in (1, 2) or X.shape[-1] != self.d:
+            raise ValueError(f"X must have shape [n, d={self.d}] or [d={self.d}], got {list(X.shape)}")
         P = self.support
         return self.mean + ((X - self.mean) @ P) @ P.T
 
@@ -176,9 +196,9 @@ class GaussianMixture:
                 comps.append(Gaussian(means[k], covs[k]))
             except ValueError as e:
                 raise ValueError(str(e).replace("cov", f"covs[{k}]", 1)) from None
-        object.__setattr__(self, "weights", w)
-        object.__setattr__(self, "means", means)
-        object.__setattr__(self, "covs", np.stack([c.cov for c in comps]))
+        object.__setattr__(self, "weights", frozen(w))
+        object.__setattr__(self, "means", frozen(means))
+        object.__setattr__(self, "covs", frozen(np.stack([c.cov for c in comps])))
         object.__setattr__(self, "components", tuple(comps))
 
     @property
@@ -216,8 +236,11 @@ class GaussianMixture:
         """
         X = to_numpy(X, "X")
         y = np.asarray(y)
-        if X.ndim != 2:
-            raise ValueError(f"X must have shape [n, d], got {list(X.shape)}")
+        if X.ndim != 2 or X.shape[0] < 2:
+            raise ValueError(f"X must have shape [n >= 2, d], got {list(X.shape)}")
+        if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+            n_bad = int(y.size - np.isfinite(y).sum())
+            raise ValueError(f"y contains {n_bad} non-finite label(s) (NaN or inf); labels must be integers")
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"y must have shape [n={X.shape[0]}], got {list(y.shape)}")
         labels, counts = np.unique(y, return_counts=True)
@@ -234,6 +257,7 @@ class GaussianMixture:
         self, n: int, generator: np.random.Generator | int | None = None, *, return_labels: bool = False
     ):
         """Draw ``[n, d]`` samples; with ``return_labels`` also the ``[n]`` component indices."""
+        n = _check_n(n)
         rng = np.random.default_rng(generator)
         z = rng.choice(self.K, size=n, p=self.weights)
         X = np.empty((n, self.d))

@@ -101,6 +101,20 @@ def _quiet(fn):
     return wrapper
 
 
+#: Highest Hermite degree: k! overflows float64 for k > 170.
+MAX_DEGREE = 170
+
+
+def _checked(values: np.ndarray, name: str) -> np.ndarray:
+    """Raise ``ValueError`` if the activation returned NaN at finite pre-activations (a wrong integral otherwise)."""
+    if np.any(np.isnan(values)):
+        raise ValueError(
+            f"activation {name!r} returned NaN at {int(np.isnan(values).sum())} finite pre-activation value(s); "
+            "the Gaussian integrals need phi to be defined (non-NaN) on the whole real line"
+        )
+    return values
+
+
 def _check_int(k, name: str) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"{name} must be a non-negative int, got {type(k).__name__} ({k!r})")
@@ -213,7 +227,9 @@ def _trunc_moments(mu: np.ndarray, s: np.ndarray, nmax: int) -> np.ndarray:
     tail = spow * _pdf(h)[:, None] * j
     raw = _raw_moments(mu, s, nmax)
     sign = (-1.0) ** np.arange(nmax + 1)
-    return np.where((h <= 0)[:, None], tail, raw - sign * tail)
+    with np.errstate(invalid="ignore"):
+        upper = np.where(np.isinf(raw), raw, raw - sign * tail)  # inf - inf: the moment itself overflows
+    return np.where((h <= 0)[:, None], tail, upper)
 
 
 # ----------------------------------------------------------------------------- closed forms (s > 0)
@@ -255,20 +271,21 @@ def _identity_hermite_e(mu, s, n):
 
 def _gelu_derivs(mu, s, n, sigma_power: bool = False):
     """E[gelu^{(k)}(Y)], k = 0..n (gelu = y Phi(y) is smooth); times sigma^k if ``sigma_power``."""
-    t = np.sqrt(1.0 + s * s)
+    t = np.hypot(1.0, s)  # sqrt(1 + s^2) without overflow for s > 1e154
     m = mu / t
     out = np.empty(mu.shape + (n + 1,))
-    out[:, 0] = (mu / (t * t)) * special.ndtr(m) + (s * s / t) * _trunc_moments(m, np.ones_like(m), 1)[:, 1]
+    out[:, 0] = (m / t) * special.ndtr(m) + (s * (s / t)) * _trunc_moments(m, np.ones_like(m), 1)[:, 1]
     if n >= 1:
-        out[:, 1] = (special.ndtr(m) + mu * _pdf(m) / t**3) * (s if sigma_power else 1.0)
+        out[:, 1] = (special.ndtr(m) + (m / t) * _pdf(m) / t) * (s if sigma_power else 1.0)
     if n >= 2:
         pm = _pdf(m)
         live = pm > 0
         he = _he(n, np.where(live, m, 0.0))
         k = np.arange(2, n + 1)
         base = s / t if sigma_power else 1.0 / t  # s^k / t^{k+1} = (s/t)^k / t, no overflow
-        pref = (-1.0) ** k * (pm / t)[:, None] * np.power.outer(base, k)
-        out[:, 2:] = np.where(live[:, None], pref * ((t * t)[:, None] * he[:, :-2] - he[:, 2:]), 0.0)
+        pref = (-1.0) ** k * pm[:, None] * np.power.outer(base, k)
+        # (pm / t) (t^2 He_{k-2} - He_k) without forming t^2 (overflows for s > 1e154)
+        out[:, 2:] = np.where(live[:, None], pref * (t[:, None] * he[:, :-2] - he[:, 2:] / t[:, None]), 0.0)
     return out
 
 
@@ -280,10 +297,10 @@ def _gelu_moments(mu, s, kmax):
     in D whose truncated moments E[D^i 1{D > 0}] come from the cancellation-free tail integrals.
     """
     n_top = kmax + 1
-    t2 = 1.0 + s * s
-    a = mu / t2
-    b = s * s / t2
-    T = _trunc_moments(mu, np.sqrt(t2), n_top)  # [N, n_top + 1]
+    t = np.hypot(1.0, s)  # no overflow of 1 + s^2
+    a = (mu / t) / t
+    b = (s / t) ** 2
+    T = _trunc_moments(mu, t, n_top)  # [N, n_top + 1]
     out = np.empty(mu.shape + (kmax + 1,))
     for k in range(kmax + 1):
         n = k + 1
@@ -379,7 +396,7 @@ def _quad(mu, s, kinks, integrand, n_out: int) -> np.ndarray:
 
 def _quad_hermite_e(act, mu, s, n):
     def integrand(z, y, w, m, sg):
-        f = w * act.fn(y)
+        f = w * _checked(act.fn(y), act.name)
         res = np.empty((len(m), n + 1))
         h_prev, h_cur = np.ones_like(z), z
         res[:, 0] = f.sum(axis=1)
@@ -393,7 +410,7 @@ def _quad_hermite_e(act, mu, s, n):
 
 def _quad_moments(fn, kinks, mu, s, kmax):
     def integrand(z, y, w, m, sg):
-        f = w * fn(y)
+        f = w * _checked(fn(y), getattr(fn, "__name__", "activation"))
         res = np.empty((len(m), kmax + 1))
         for k in range(kmax + 1):
             res[:, k] = f.sum(axis=1)
@@ -530,11 +547,13 @@ def hermite_coefficients(act, mu, sigma, n: int) -> np.ndarray:
     """
     act = get_activation(act)
     n = _check_int(n, "n")
+    if n > MAX_DEGREE:
+        raise ValueError(f"n must be <= {MAX_DEGREE} (k! overflows float64 beyond), got {n}")
     mu, s, shape = _prepare(mu, sigma)
     out = np.zeros(mu.shape + (n + 1,))
     pm = s < _S_TINY
     if np.any(pm):
-        out[pm, 0] = act.fn(mu[pm])
+        out[pm, 0] = _checked(act.fn(mu[pm]), act.name)
     sel = ~pm
     if np.any(sel):
         fam = _family(act)
@@ -637,7 +656,8 @@ def gauss_second_moment(act, mu, sigma) -> np.ndarray:
         elif fam in ("relu", "leaky_relu"):
             relu2 = _trunc_moments(m, sg, 2)[:, 2]
             a = 0.0 if fam == "relu" else leaky_slope(act)
-            out[sel] = a * a * (m * m + sg * sg) + (1.0 - a * a) * relu2
+            # relu alone: no 0 * (m^2 + s^2) term, which is 0 * inf = NaN when s^2 overflows
+            out[sel] = relu2 if a == 0.0 else a * a * (m * m + sg * sg) + (1.0 - a * a) * relu2
         else:
             fn = act.fn
             out[sel] = _quad_moments(lambda y: fn(y) ** 2, act.kinks, m, sg, 0)[:, 0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import validate_network
 from mlpinterp.poly.approximant import Polynomial
@@ -43,8 +45,18 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
     ValueError : degree not a non-negative int, d_in mismatch, unknown method.
     """
     network = validate_network(network)
-    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
+    if isinstance(degree, bool | np.bool_) or not isinstance(degree, int | np.integer) or degree < 0:
         raise ValueError(f"degree must be a non-negative integer, got {degree!r}")
+    degree = int(degree)
+    from mlpinterp.gaussian.univariate import MAX_DEGREE
+    from mlpinterp.networks import GLU
+
+    max_degree = MAX_DEGREE - 1 if isinstance(network, GLU) else MAX_DEGREE  # GLUs need c_{n+1}
+    if degree > max_degree:
+        raise ValueError(
+            f"degree must be <= {max_degree} (Hermite coefficients need k! in float64, which overflows for k > "
+            f"{MAX_DEGREE}), got {degree}"
+        )
     if not isinstance(distribution, Gaussian | GaussianMixture):
         raise TypeError(
             f"distribution must be mlpinterp.Gaussian or mlpinterp.GaussianMixture, got {type(distribution).__name__}"
@@ -60,6 +72,7 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         if method in ("auto", "ridge", "exact"):
             from mlpinterp.poly.ridge import fit_ridge
 
+            _no_options(options, f"method={method!r} under a Gaussian (closed form, no solver options)")
             return fit_ridge(network, distribution, degree)
         if method == "ols":
             from mlpinterp.poly.ols import fit_ols
@@ -74,8 +87,9 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
     if degree <= 1 and method in ("auto", "exact", "dense", "cg"):
         from mlpinterp.poly.mixture_linear import fit_mixture_linear
 
+        _no_options(options, "degree <= 1 under a GaussianMixture (closed form, no solver options)")
         return fit_mixture_linear(network, distribution, degree)
-    if degree == 2 and method in ("auto", "exact"):
+    if degree == 2 and method in ("auto", "exact") and not options:
         from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count, fit_mixture_quadratic_cached
 
         if feature_count(network.d_in) <= MAX_FEATURES:
@@ -85,3 +99,9 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
 
         return fit_mixture(network, distribution, degree, method=method, **options)
     raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")
+
+
+def _no_options(options: dict, where: str) -> None:
+    """Raise ``TypeError`` naming solver options that the chosen route would silently ignore."""
+    if options:
+        raise TypeError(f"unused solver option(s) {', '.join(sorted(options))} for {where}")

@@ -65,6 +65,7 @@ def fvu_from_outputs(f: np.ndarray, p_out: np.ndarray, method: str = "data") -> 
         raise ValueError(f"f and p_out must both have shape [n >= 2, d_out], got {list(f.shape)} and {list(p_out.shape)}")
     r2 = (f - p_out) ** 2
     v2 = (f - f.mean(0)) ** 2
+    _check_variance(v2.mean(0), float((f**2).mean(0).sum()), " on these inputs")
     pooled, se, per, per_se = _ratio_stats(r2, v2)
     return FVUResult(pooled, per, se, per_se, method, f.shape[0])
 
@@ -92,24 +93,53 @@ def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk: int = 5
     f = np.concatenate(fs)
     r2 = np.concatenate(r2s)
     v2 = (f - f.mean(0)) ** 2
+    _check_variance(v2.mean(0), float((f**2).mean(0).sum()), " under this distribution")
     pooled, se, per, per_se = _ratio_stats(r2, v2)
     return FVUResult(pooled, per, se, per_se, "monte-carlo", n_samples)
 
 
-def _is_own_ridge(network, p, dist: Gaussian) -> bool:
+def _exact_layout(network, p, dist: Gaussian) -> np.ndarray | None:
+    """Classify ``p``'s ridge directions for the exact FVU, or ``None`` if the exact route does not apply.
+
+    The exact route needs an MLP, a ``RidgePolynomial`` without gate terms and, for each of p's neurons,
+    ``z_j = A_j . (x - center)`` either standard normal under ``dist`` (unit variance, zero mean) or a.s. 0
+    (zero variance, zero mean). Returns a boolean mask ``[p.d_hidden]`` (True = standard-normal direction).
+    """
     if not (isinstance(network, MLP) and isinstance(p, RidgePolynomial) and p.G is None):
-        return False
-    if p.A.shape != network.W1.shape or p.W2.shape != network.W2.shape:
-        return False
-    if not np.allclose(p.center, dist.mean, rtol=0, atol=1e-12 * (1 + np.abs(dist.mean).max())):
-        return False
+        return None
+    if p.d_in != network.d_in or p.d_out != network.d_out:
+        return None
+    scale = 1.0 + float(np.abs(dist.mean).max()) + float(np.abs(p.center).max())
     norms = np.einsum("hd,de,he->h", p.A, dist.cov, p.A)
-    return bool(np.all((np.abs(norms - 1) < 1e-8) | (np.abs(norms) < 1e-12)))
+    unit = np.abs(norms - 1) < 1e-8
+    zero = np.abs(norms) < 1e-12
+    if not np.all(unit | zero):
+        return None
+    offset = p.A @ (dist.mean - p.center)  # mean of z_j
+    if np.any(np.abs(offset) > 1e-12 * scale * (1.0 + np.abs(p.A).sum(1))):
+        return None
+    return unit
 
 
-def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian) -> FVUResult:
-    """Exact FVU of an MLP's own ridge approximant under one Gaussian (see module docstring)."""
+def _check_variance(var_f: np.ndarray, scale: float, where: str) -> None:
+    total = float(np.sum(var_f))
+    if not total > 1e-24 * scale:
+        raise ValueError(
+            f"network output has zero variance{where} (sum_o Var(f_o) = {total:.3g}); the FVU is undefined"
+        )
+
+
+def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.ndarray) -> FVUResult:
+    """Exact FVU of a ``RidgePolynomial`` (any standard-normal directions, see ``_exact_layout``) under one Gaussian.
+
+    With u_i = (y_i - m_i) / s_i the network's standardised pre-activations, c_ik the Hermite coefficients of
+    phi about y_i's law, and z_j = A_j . (x - center) p's standard-normal ridge variables (Mehler):
+    Cov(phi(y_i), He_k(z_j)) = k! c_ik rho_ij^k with rho_ij = Corr(y_i, z_j), and
+    Cov(He_k(z_i), He_l(z_j)) = delta_kl k! R_ij^k with R_ij = Corr(z_i, z_j). Neurons of p with z_j = 0 a.s.
+    are constants sum_k D_jk He_k(0).
+    """
     from mlpinterp.gaussian.bivariate import gauss_product_ev
+    from mlpinterp.gaussian.hermite import hermite_he
     from mlpinterp.gaussian.univariate import hermite_coefficients
 
     W = network.W1
@@ -118,24 +148,33 @@ def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian) -> FVUResul
     cov_y = WS @ W.T
     s = np.sqrt(np.maximum(np.diag(cov_y), 0.0))
     safe = np.where(s > 0, s, 1.0)
-    rho = np.clip(cov_y / np.outer(safe, safe), -1.0, 1.0)
-    rho = np.where(np.outer(s > 0, s > 0), rho, 0.0)
+    rho_y = np.clip(cov_y / np.outer(safe, safe), -1.0, 1.0)
+    rho_y = np.where(np.outer(s > 0, s > 0), rho_y, 0.0)
     n = p.degree
     c = hermite_coefficients(network.act, m, s, n)
     e_phi = c[:, 0]
-    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho, return_error=True)
+    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho_y, return_error=True)
     C = e2 - np.outer(e_phi, e_phi)
+    C = np.where(np.outer(s > 0, s > 0), C, 0.0)  # constant neurons have exactly zero covariance
     W2, P = network.W2, p.W2
     var_f = np.einsum("oi,ij,oj->o", W2, C, W2)
+    mean_f = W2 @ e_phi + network.b2
+    scale = float(np.sum(mean_f**2)) + float(np.einsum("oi,ij,oj->", np.abs(W2), np.abs(e2), np.abs(W2)))
+    _check_variance(var_f, scale, " under this distribution")
     bound = np.einsum("oi,ij,oj->o", np.abs(W2), np.abs(err), np.abs(W2))
-    # Cov(phi(y_i), He_k(z_j)) = k! c_ik rho_ij^k ; Cov(He_k(z_i), He_l(z_j)) = delta_kl k! rho_ij^k
+    A = np.where(unit[:, None], p.A, 0.0)
+    rho = np.where((s > 0)[:, None] & unit[None, :], (WS @ A.T) / safe[:, None], 0.0)
+    rho = np.clip(rho, -1.0, 1.0)
+    R = np.clip(A @ dist.cov @ A.T, -1.0, 1.0)
     cov_fp = np.zeros(network.d_out)
     var_p = np.zeros(network.d_out)
     for k in range(1, n + 1):
-        rk = rho**k * math.factorial(k)
-        cov_fp += np.einsum("oi,i,ij,j,oj->o", W2, c[:, k], rk, p.D[:, k], P, optimize=True)
-        var_p += np.einsum("oi,i,ij,j,oj->o", P, p.D[:, k], rk, p.D[:, k], P, optimize=True)
-    mean_gap = (W2 @ e_phi + network.b2) - (P @ p.D[:, 0] + p.b2)
+        fk = math.factorial(k)
+        cov_fp += np.einsum("oi,i,ij,j,oj->o", W2, c[:, k], rho**k * fk, p.D[:, k], P, optimize=True)
+        var_p += np.einsum("oi,i,ij,j,oj->o", P, p.D[:, k], R**k * fk, p.D[:, k], P, optimize=True)
+    const_h = (hermite_he(n, np.zeros(p.d_hidden)) * p.D).sum(1)  # sum_k D_jk He_k(0)
+    mean_h = np.where(unit, p.D[:, 0], const_h)
+    mean_gap = mean_f - (P @ mean_h + p.b2)
     mse = np.maximum(var_f + var_p - 2 * cov_fp + mean_gap**2, 0.0)
     per = mse / np.where(var_f > 0, var_f, np.nan)
     pooled = float(mse.sum() / var_f.sum())
@@ -156,14 +195,29 @@ def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, me
         raise TypeError(f"distribution must be Gaussian or GaussianMixture, got {type(distribution).__name__}")
     if method not in ("auto", "exact", "monte-carlo"):
         raise ValueError(f"method must be 'auto', 'exact' or 'monte-carlo', got {method!r}")
-    exact_ok = isinstance(distribution, Gaussian) and _is_own_ridge(network, p, distribution)
+    if distribution.d != network.d_in:
+        raise ValueError(
+            f"distribution has dimension {distribution.d} but the network has d_in = {network.d_in}"
+        )
+    unit = _exact_layout(network, p, distribution) if isinstance(distribution, Gaussian) else None
+    exact_ok = unit is not None
     if method == "exact" and not exact_ok:
-        raise ValueError("exact FVU needs an MLP, a Gaussian and the ridge approximant fitted under that Gaussian")
+        raise ValueError(
+            "exact FVU needs an MLP, a Gaussian and a ridge approximant whose directions are standard normal "
+            "under that Gaussian (e.g. one fitted by fit_polynomial under it)"
+        )
     if exact_ok and method != "monte-carlo":
-        return _fvu_exact_mlp(network, p, distribution)
-    if n_samples < 2:
+        return _fvu_exact_mlp(network, p, distribution, unit)
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
         raise ValueError(f"n_samples must be >= 2, got {n_samples}")
     return _fvu_monte_carlo(network, p, distribution, n_samples, seed)
+
+
+def _eval_inputs(X, d_in: int) -> np.ndarray:
+    X = to_numpy(X, "X")
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] != d_in:
+        raise ValueError(f"X must have shape [n >= 1, d_in={d_in}], got {list(X.shape)}")
+    return X
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
@@ -172,7 +226,16 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
 
 
 def kl_from_outputs(f: np.ndarray, p_out: np.ndarray) -> tuple[float, float]:
-    """Mean KL(softmax(f) || softmax(p_out)) in nats over rows, and its standard error."""
+    """Mean KL(softmax(f) || softmax(p_out)) in nats over rows, and its standard error.
+
+    ``f``, ``p_out``: ``[n >= 1, n_classes]``. Raises ``ValueError`` if the shapes differ or n = 0.
+    """
+    f, p_out = np.asarray(f), np.asarray(p_out)
+    if f.shape != p_out.shape or f.ndim != 2 or f.shape[0] < 1:
+        raise ValueError(
+            f"f and p_out (outputs of the network and of p) must both have shape [n >= 1, n_classes], "
+            f"got {list(f.shape)} and {list(p_out.shape)}"
+        )
     lf, lp = _log_softmax(f), _log_softmax(p_out)
     kl = (np.exp(lf) * (lf - lp)).sum(1)
     return float(kl.mean()), (float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else 0.0)
@@ -181,7 +244,7 @@ def kl_from_outputs(f: np.ndarray, p_out: np.ndarray) -> tuple[float, float]:
 def kl_divergence(network, p, X) -> tuple[float, float]:
     """Mean KL(softmax(f(x)) || softmax(p(x))) over inputs ``X [n, d_in]`` in nats, and its standard error."""
     network = validate_network(network)
-    X = to_numpy(X, "X")
+    X = _eval_inputs(X, network.d_in)
     return kl_from_outputs(network(X), p(X))
 
 
@@ -194,8 +257,11 @@ def kl_divergence_under(network, p, distribution, *, n_samples: int = 100_000, s
 def top1_agreement(network, p, X) -> float:
     """Fraction of inputs on which ``argmax f(x) == argmax p(x)``."""
     network = validate_network(network)
-    X = to_numpy(X, "X")
-    return float((network(X).argmax(1) == p(X).argmax(1)).mean())
+    X = _eval_inputs(X, network.d_in)
+    f, p_out = network(X), np.asarray(p(X))
+    if p_out.shape != f.shape:
+        raise ValueError(f"p(X) must have the network's output shape {list(f.shape)}, got {list(p_out.shape)}")
+    return float((f.argmax(1) == p_out.argmax(1)).mean())
 
 
 def accuracy(model, X, y) -> float:

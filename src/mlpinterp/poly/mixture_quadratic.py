@@ -34,7 +34,12 @@ b as is, and divides each off-diagonal ``A_ij`` by its diagonal entry ``2 E_mix[
 ``A = (Gamma - gamma I) / 2``, ``c = gamma - tr A``, ``b = beta``). Both ignore third moments (b-A coupling)
 and cannot see quadratics that nearly vanish on most classes (MNIST's rarely-lit pixels), so at MNIST scale
 the residual falls slowly; but CG minimises the energy-norm error, which *is* the excess mean squared
-error of the iterate, and we stop on an estimate of it (see ``_pcg``) rather than on the residual.
+error of the iterate, and we stop on an estimate of it (see ``_pcg``) rather than on the residual. CG
+starts from the exact quadratic under the pooled Gaussian (``init="pooled"``).
+
+Cost at MNIST scale (r = 712, K = 10, d_out = 10): one operator application is 2 K d_out GEMMs of size r^3
+(1.4e11 flop, about 2 s on one core in float64); 59 iterations reach an estimated excess FVU of 9e-7
+(relative residual 1e-4); peak memory about 1.5 GB including the data set.
 
 Dense (``method="dense"``, any degree, small feature dimension): monomial features of u, Gram matrix
 ``sum_k pi_k E_k[u^(alpha + beta)]`` from a table of Gaussian moments built by the Stein recursion
@@ -535,7 +540,12 @@ def fit_mixture(
     method : ``"auto"``/``"exact"`` (``"cg"`` for degree 2, ``"dense"`` otherwise), ``"cg"`` (matrix-free
         preconditioned CG, O(K d_out r^3) per iteration, r = rank of the mixture covariance) or ``"dense"``
         (explicit monomial Gram, C(r + degree, degree) <= ``MAX_DENSE_FEATURES`` features).
-    tol : CG stopping rule on the relative residual ``||M theta - rhs|| / ||rhs||`` (every output).
+    tol : CG stops when the relative residual ``||M theta - rhs|| / ||rhs||`` of every output is <= tol ...
+    fvu_tol : ... or when the estimated excess FVU of the iterate over the exact optimum (CG's energy-norm
+        error summed over the last ``window`` steps, relative to the explained variance; see ``_pcg``) is
+        <= fvu_tol. Pass 0 to stop on the residual only. At MNIST scale the residual stalls near 1e-4 while
+        the excess FVU keeps falling (the Gram matrix is ill-conditioned in directions f hardly uses).
+    window : number of CG steps in the excess-FVU estimate.
     maxiter : CG iteration limit.
     preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see module docstring).
     init : CG starting point: ``"pooled"`` (the exact quadratic under the pooled Gaussian, default) or ``"zero"``.
@@ -548,7 +558,9 @@ def fit_mixture(
     -------
     ``DensePolynomial`` with raw-coordinate tensors ``[d_out], [d_out, d], [d_out, d, d], ...``;
     ``p.solver_info`` holds ``method``, ``iterations``, ``relative_residual`` (recomputed explicitly at the
-    end), ``support_rank`` r, ``wall_time_s`` and (CG) the residual history.
+    end), ``stopped_by`` (``"residual"``, ``"fvu"`` or ``"maxiter"``), ``excess_fvu_estimate``,
+    ``support_rank`` r, ``singular`` and a ``note`` on the support, ``wall_time_s``, ``cpu_time_s``, and (CG) the residual and
+    explained-variance histories. The dense path reports the Gram matrix's condition number and rank.
 
     Raises
     ------
@@ -556,7 +568,7 @@ def fit_mixture(
     ValueError : dimension mismatch, bad degree/method/preconditioner/tol/maxiter/dtype, ``"cg"`` with degree
         != 2, or a dense problem too large (the message gives the largest support dimension that fits).
     """
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     network = validate_network(network)
     if not isinstance(mixture, GaussianMixture):
         raise TypeError(f"mixture must be mlpinterp.GaussianMixture, got {type(mixture).__name__}")
@@ -620,5 +632,6 @@ def fit_mixture(
     )
     raw = _u_to_raw(tensors_u, coords)
     sinfo["wall_time_s"] = time.perf_counter() - t_start
+    sinfo["cpu_time_s"] = time.process_time() - cpu_start  # all threads; the honest figure on a shared CPU
     info["solver_info"] = sinfo
     return DensePolynomial(tuple(raw), info=info)

@@ -61,12 +61,12 @@ def _json_default(o: Any) -> Any:
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> Path:
     """Save ``tensors`` to ``path`` (``.safetensors``) and ``meta`` to the sibling ``.json``, atomically.
 
+    ``.safetensors`` is appended unless ``path`` already ends with it (``fit.deg2`` -> ``fit.deg2.safetensors``
+    and ``fit.deg2.json``; an existing suffix is never replaced, so dotted names cannot collide).
     The JSON is written last: a checkpoint counts as complete only when both files exist.
     Returns the safetensors path.
     """
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        path = path.with_suffix(".safetensors")
+    path = tensors_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -82,8 +82,17 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
     return path
 
 
+def tensors_path(path: str | os.PathLike) -> Path:
+    """The ``.safetensors`` path ``save_tensors`` writes for ``path``: the suffix is appended unless present."""
+    path = Path(path)
+    return path if path.suffix == ".safetensors" else path.with_name(path.name + ".safetensors")
+
+
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     """Load a ``.safetensors`` file and its sibling ``.json`` metadata (``{}`` if absent).
+
+    ``path`` may be the name given to ``save_tensors`` (``NAME``, loaded from ``NAME.safetensors`` when ``NAME``
+    itself does not exist) or the returned ``.safetensors`` path.
 
     Raises
     ------
@@ -93,6 +102,8 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
         If the file is not a valid safetensors file (corrupt or truncated) or the JSON is invalid.
     """
     path = Path(path)
+    if not path.exists() and tensors_path(path).exists():
+        path = tensors_path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:

@@ -16,17 +16,46 @@ def to_numpy(x, name: str, dtype=np.float64) -> np.ndarray:
         import torch
 
         if isinstance(x, torch.Tensor):
+            if x.is_complex():
+                raise TypeError(f"{name} must be real-valued, got a complex tensor ({x.dtype})")
             x = x.detach().cpu().to(torch.float64 if dtype == np.float64 else torch.float32).numpy()
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array (numpy or torch), got {type(x).__name__}")
     try:
-        arr = np.asarray(x, dtype=dtype)
+        raw = np.asarray(x)
+    except OverflowError as e:
+        raise ValueError(f"{name} holds a value beyond the float64 range ({e})") from e
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({e})") from e
+    if raw.dtype.kind == "c":
+        raise TypeError(f"{name} must be real-valued, got a complex array ({raw.dtype})")
+    if raw.dtype.kind not in "biuf" and not (raw.dtype.kind == "O" and raw.size == 0):
+        if raw.dtype.kind == "O":
+            try:
+                raw = np.asarray(x, dtype=np.float64)
+            except OverflowError as e:
+                raise ValueError(f"{name} holds a value beyond the float64 range ({e})") from e
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({e})") from e
+        else:
+            raise TypeError(f"{name} must be a numeric (bool/int/float) array, got dtype {raw.dtype}")
+    try:
+        arr = np.asarray(raw, dtype=dtype)
+    except OverflowError as e:
+        raise ValueError(f"{name} holds a value beyond the float64 range ({e})") from e
     except (TypeError, ValueError) as e:
         raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({e})") from e
     if not np.all(np.isfinite(arr)):
         n_bad = int(np.size(arr) - np.isfinite(arr).sum())
         raise ValueError(f"{name} contains {n_bad} non-finite value(s) (NaN or inf)")
     return arr
+
+
+def frozen(arr: np.ndarray) -> np.ndarray:
+    """A private read-only copy of ``arr`` (so that in-place edits by the caller cannot make caches stale)."""
+    out = np.array(arr, copy=True)
+    out.setflags(write=False)
+    return out
 
 
 def check_shape(arr: np.ndarray, name: str, shape: Sequence[int | None]) -> np.ndarray:
