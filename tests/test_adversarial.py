@@ -155,9 +155,9 @@ def test_gaussian_zero_dimension_message():
 
 
 @_xfail(
-    "_check_cov symmetrises with 0.5 * (cov + cov.T), which overflows to inf for entries > ~9e307: a finite "
-    "full-rank cov silently becomes a rank-0 law with inf stored in .cov (gaussian/distributions.py _check_cov); "
-    "use 0.5 * cov + 0.5 * cov.T and reject non-finite eigenvalues"
+    "overflow fixed (cov stays finite, rank 1 instead of 0), but the rank is still 1: eigenvalues below "
+    "PSD_RTOL = 1e-10 times the largest count as zero, so diag(1e308, 1) has numerical rank 1 "
+    "(gaussian/distributions.py _check_cov); rank 2 needs a rank rule that is not purely relative"
 )
 def test_gaussian_huge_finite_covariance_keeps_its_rank():
     with warnings.catch_warnings():
@@ -165,6 +165,15 @@ def test_gaussian_huge_finite_covariance_keeps_its_rank():
         g = mi.Gaussian(np.zeros(2), np.diag([1e308, 1.0]))
     assert np.all(np.isfinite(g.cov))
     assert g.rank == 2
+
+
+def test_gaussian_near_max_float_covariance():
+    """Entries near the float64 maximum: no inf is stored and rank >= 1; a covariance whose eigenvalue itself
+    overflows (all-ones times 1e308 has eigenvalue 2e308 > max float) is a ValueError, not a rank-0 law."""
+    g = mi.Gaussian(np.zeros(2), np.diag([1e308, 1.0]))
+    assert np.all(np.isfinite(g.cov)) and np.all(np.isfinite(g.factor)) and g.rank >= 1
+    with pytest.raises(ValueError, match="float64 range"):
+        mi.Gaussian(np.zeros(2), np.full((2, 2), 1e308))
 
 
 def test_gaussian_small_scale_indefinite_covariance_rejected():
@@ -232,11 +241,6 @@ def test_from_module_rejects_non_elementwise_activation(module):
         mi.MLP.from_module(seq)
 
 
-@_xfail(
-    "_wrap_callable only checks output shape on a 1-D probe: a same-shape but non-elementwise callable "
-    "(y / sum|y|) is accepted and later yields wrong Gaussian integrals (gaussian/activations.py _wrap_callable); "
-    "also check f(y)[:k] == f(y[:k]) on the probe"
-)
 def test_non_elementwise_callable_rejected():
     with pytest.raises(ValueError, match="elementwise"):
         mi.MLP(
@@ -261,6 +265,10 @@ def test_activation_returning_nan_is_reported(rng):
         (torch.nn.Threshold(1.0, -2.0), [1.0]),
         (torch.nn.Hardshrink(0.5), [-0.5, 0.5]),
         (torch.nn.Hardswish(), [-3.0, 3.0]),
+        (torch.nn.Softshrink(0.5), [-0.5, 0.5]),
+        (torch.nn.Hardsigmoid(), [-3.0, 3.0]),
+        (torch.nn.PReLU(init=0.2), [0.0]),
+        (torch.nn.SELU(), [0.0]),
     ],
 )
 def test_wrapped_module_with_offset_kinks_is_accurate(module, kinks):
@@ -289,6 +297,64 @@ def test_float32_parametric_module_activation(rng):
     ref = mi.fit_polynomial(mi.MLP(net.W1, net.b1, net.W2, net.b2, "leaky_relu:0.2"), mi.Gaussian.standard(D_IN), 1)
     x = rng.normal(size=(4, D_IN))
     np.testing.assert_allclose(p(x), ref(x), rtol=1e-6, atol=1e-6)
+
+
+def test_per_channel_or_unknown_modules_rejected():
+    """PReLU with one slope per channel is not one elementwise phi; an arbitrary module is not known to be one."""
+
+    class Custom(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    for module in (torch.nn.PReLU(num_parameters=D_HID), Custom()):
+        with pytest.raises(TypeError, match="elementwise|num_parameters"):
+            mi.get_activation(module)
+
+
+def test_fitted_objects_hold_private_read_only_arrays(rng):
+    """Networks, laws and approximants copy their arrays: the caller's later in-place edits change nothing, and
+    in-place edits of the stored arrays are refused (oracle: outputs before vs after the caller's edit)."""
+    W1, b1, W2, b2 = (
+        rng.normal(size=(D_HID, D_IN)),
+        rng.normal(size=D_HID),
+        rng.normal(size=(D_OUT, D_HID)),
+        rng.normal(size=D_OUT),
+    )
+    mean, cov = np.zeros(D_IN), np.eye(D_IN)
+    net, g = mi.MLP(W1, b1, W2, b2, "tanh"), mi.Gaussian(mean, cov)
+    p = mi.fit_polynomial(net, g, 2)
+    X = rng.normal(size=(3, D_IN))
+    before = net(X), p(X), p.to_dense()(X)
+    W1 += 1.0
+    mean += 1.0
+    cov *= 2.0
+    np.testing.assert_array_equal(net(X), before[0])
+    assert np.all(g.mean == 0) and np.all(np.diag(g.cov) == 1)
+    for arr in (net.W1, net.b2, g.mean, g.cov, g.factor, p.A, p.D, p.W2, p.to_dense().tensors[2]):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[...] = 0.0
+    np.testing.assert_array_equal(p(X), before[1])
+
+
+def test_exact_fvu_for_arbitrary_standard_ridge_directions(rng):
+    """The exact (Mehler) FVU for a RidgePolynomial whose directions are NOT the network's: random unit-variance
+    directions, a different hidden width, and one zero direction (a constant neuron sum_k D_k He_k(0)), against an
+    80x80 Gauss-Hermite rule (tanh analytic; p is a polynomial of degree 3, integrated exactly)."""
+    net = _mlp(rng, act="tanh", d_in=2, d_hidden=3)
+    dist = _gaussian(rng, d=2)
+    A = rng.normal(size=(5, 2))
+    A /= np.sqrt(np.einsum("hd,de,he->h", A, dist.cov, A))[:, None]
+    A[2] = 0.0
+    p = mi.RidgePolynomial(
+        center=dist.mean, A=A, D=rng.normal(size=(5, 4)), W2=rng.normal(size=(D_OUT, 5)), b2=rng.normal(size=D_OUT)
+    )
+    X, W = _gh_grid(dist, 80)
+    r = mi.fvu(net, p, dist)
+    assert r.method == "exact"
+    assert r.fvu == pytest.approx(_fvu_oracle(net, p, X, W), rel=1e-9)
+    # a ridge whose directions are not standard normal under dist must not take the exact route
+    q = mi.RidgePolynomial(center=dist.mean, A=2 * A, D=p.D, W2=p.W2, b2=p.b2)
+    assert mi.fvu(net, q, dist, n_samples=1000).method == "monte-carlo"
 
 
 # ============================================================================ fit_polynomial: validation
@@ -482,11 +548,6 @@ def test_mixture_fits_extend_by_projection_off_a_shared_singular_support(rng):
         np.testing.assert_allclose(p(X), p(Xs), atol=1e-10)
 
 
-@_xfail(
-    "method='ols' under a singular Gaussian: lstsq's minimum-norm monomial coefficients are not the documented "
-    "'extension off the support by orthogonal projection' for degree >= 2, so ols and ridge disagree off the "
-    "support (poly/ols.py fit_ols; contract every axis of the centred tensors with P = support support^T)"
-)
 def test_ols_off_support_is_the_projection_extension(rng):
     net = _mlp(rng)
     B = rng.normal(size=(D_IN, 2))
@@ -611,10 +672,6 @@ def test_approximant_input_validation(rng):
     np.testing.assert_allclose(p.to_dense().to_module()(torch.tensor(x)).numpy(), p(x), atol=1e-13)
 
 
-@_xfail(
-    "DensePolynomial of degree 0 never validates X (any width, any ndim is accepted) and "
-    "RidgePolynomial.to_dense() of degree 0 reports d_in = 0 (poly/approximant.py DensePolynomial.__call__/d_in)"
-)
 @pytest.mark.parametrize("source", ["mixture", "to_dense"])
 def test_degree_zero_dense_validates_inputs(rng, source):
     net = _mlp(rng)
@@ -628,14 +685,18 @@ def test_degree_zero_dense_validates_inputs(rng, source):
         p(np.zeros((5, D_IN + 7)))
 
 
-@_xfail(
-    "torch modules from to_module() do not validate input width: wrong d_in gives a torch RuntimeError "
-    "('size of tensor a (4) must match') or, at degree 0, a silently accepted input (poly/torch_module.py)"
-)
 def test_to_module_validates_width(rng):
     p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 2)
     with pytest.raises(ValueError, match="d_in"):
         p.to_module()(torch.zeros(5, D_IN + 1))
+
+
+def test_degree_zero_dense_module_validates_width(rng):
+    p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 0).to_dense()
+    x = torch.zeros(5, D_IN, dtype=torch.float64)
+    np.testing.assert_array_equal(p.to_module()(x).numpy(), p(x.numpy()))
+    with pytest.raises(ValueError, match="d_in"):
+        p.to_module()(torch.zeros(5, D_IN + 7))
 
 
 def test_polynomial_roundtrip_with_explicit_suffix(tmp_path, rng):
@@ -649,11 +710,6 @@ def test_polynomial_roundtrip_with_explicit_suffix(tmp_path, rng):
         mi.load_polynomial(path)
 
 
-@_xfail(
-    "save_tensors uses Path.with_suffix('.safetensors'), which REPLACES an existing suffix: p.save('fit.deg2') "
-    "and q.save('fit.deg3') both write fit.safetensors, silently overwriting each other (utils/io.py "
-    "save_tensors; append the suffix unless the name already ends in .safetensors)"
-)
 def test_dotted_names_do_not_collide(tmp_path, rng):
     net = _mlp(rng)
     p2 = mi.fit_polynomial(net, mi.Gaussian.standard(D_IN), 2)
@@ -664,21 +720,12 @@ def test_dotted_names_do_not_collide(tmp_path, rng):
     assert mi.load_polynomial(a).degree == 2
 
 
-@_xfail(
-    "p.save('name') writes name.safetensors but load_polynomial('name') raises FileNotFoundError: save and "
-    "load disagree on the path (poly/approximant.py load_polynomial / utils/io.py load_tensors)"
-)
 def test_save_load_roundtrip_without_suffix(tmp_path, rng):
     p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 1)
     p.save(tmp_path / "p")
     assert mi.load_polynomial(tmp_path / "p").degree == 1
 
 
-@_xfail(
-    "load_polynomial trusts its JSON: an unknown 'kind' loads silently as dense, a smaller 'degree' silently "
-    "truncates the polynomial, a missing 'kind' or larger 'degree' raises KeyError, a list raises AttributeError "
-    "(poly/approximant.py load_polynomial); validate kind in {'ridge','dense'} and degree == number of tensors"
-)
 @pytest.mark.parametrize("corrupt", ["kind_weird", "degree_small", "kind_missing", "degree_big", "meta_list"])
 def test_load_polynomial_rejects_corrupt_metadata(tmp_path, rng, corrupt):
     p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 2).to_dense()
@@ -801,19 +848,11 @@ def test_spectral_validation(rng):
     np.testing.assert_allclose(rec, 0.5 * (Q + np.swapaxes(Q, 1, 2)), atol=1e-12)
 
 
-@_xfail(
-    "ablate() assumes orthonormal directions without checking: directions = ones([d, 1]) returns X - 3 x "
-    "(mean) instead of the projection (poly/spectral.py ablate); check V^T V = I or orthonormalise by QR"
-)
 def test_ablate_rejects_non_orthonormal_directions(rng):
     with pytest.raises(ValueError, match="orthonormal"):
         mi.ablate(rng.normal(size=(5, D_IN)), np.ones((D_IN, 1)))
 
 
-@_xfail(
-    "spectral helpers crash with IndexError on 1-d X (ablate, pca_directions) or out-of-range output "
-    "(QuadraticSpectrum.top), and top(o, n < 0) silently returns n-1 values (poly/spectral.py)"
-)
 @pytest.mark.parametrize("case", ["ablate_1d", "pca_1d", "top_output", "top_negative"])
 def test_spectral_edge_inputs(rng, case):
     p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 2)
@@ -858,11 +897,6 @@ def test_idx_corrupt_files(tmp_path):
         load_mnist(tmp_path)
 
 
-@_xfail(
-    "decode_idx computes int(np.prod(shape)) in int64: dimensions (2^31, 2^31, 4) wrap to 0 bytes, the length "
-    "check passes and numpy's 'cannot reshape array of size 0' escapes without the file name "
-    "(data/idx.py decode_idx; use math.prod on Python ints)"
-)
 def test_idx_dimension_overflow_names_the_source():
     with pytest.raises(ValueError, match="<bytes>"):
         decode_idx(_idx_header((2**31, 2**31, 4)))
@@ -887,10 +921,6 @@ def test_load_classifier_corrupt_checkpoints(tmp_path):
         load_classifier(tmp_path / "nope")
 
 
-@_xfail(
-    "load_classifier casts any tensor dtype to float32: complex tensors lose their imaginary part (only a "
-    "torch UserWarning) and bool tensors load as 0/1 (models/train.py load_classifier); require floating dtypes"
-)
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
 def test_load_classifier_rejects_non_float_tensors(tmp_path, dtype):
     cfg = ClassifierConfig(d_in=4, n_classes=3, d_hidden=5)
@@ -962,12 +992,6 @@ def test_cli_approx_ok_and_nan_weights(weights, tmp_path):
     assert "W1 contains 12 non-finite" in flat(res.output)
 
 
-@_xfail(
-    "approx lets exceptions escape as tracebacks (exit 1): --mean given an .npz (TypeError, _distribution "
-    "catches only ValueError/OSError), a classifier-format file without config (load_classifier's ValueError is "
-    "not converted), metadata with format null (AttributeError on None.startswith), --samples 0 when the FVU is "
-    "Monte Carlo (fvu's ValueError) (cli/polynomial.py load_network/_distribution/approx)"
-)
 @pytest.mark.parametrize("case", ["mean_npz", "classifier_no_config", "format_null", "samples_0"])
 def test_cli_approx_errors_are_bad_parameters(weights, tmp_path, case):
     if case == "mean_npz":
@@ -987,7 +1011,6 @@ def test_cli_approx_errors_are_bad_parameters(weights, tmp_path, case):
     assert res.exit_code == 2, (res.exit_code, repr(res.exception))
 
 
-@_xfail("approx --out fit.v1 writes fit.safetensors (Path.with_suffix replaces '.v1'; utils/io.py save_tensors)")
 def test_cli_approx_out_keeps_dotted_name(weights, tmp_path):
     res = _invoke(["approx", weights, "--activation", "relu", "--out", tmp_path / "fit.v1"])
     assert res.exit_code == 0

@@ -103,6 +103,10 @@ def test_embedding_recovered_on_minilm(minilm):
     assert res["cos_zero"] < 0.99
     res0 = embedding_recovered(model, "encoder.layer.2.output", zero_fn, ids)
     assert res0["cosine_recovered"] == pytest.approx(0.0, abs=1e-6)
+    assert res0["mse_recovered"] == pytest.approx(0.0, abs=1e-6)
+    # MSE is taken before the L2 normalisation, so it is not a function of the cosine alone
+    half = embedding_recovered(model, "encoder.layer.2.output", lambda h: 0.5 * h, ids)
+    assert abs(half["cosine_recovered"] - half["mse_recovered"]) > 1e-3
 
 
 def test_wrong_width_sae_is_rejected(minilm):

@@ -51,11 +51,23 @@ def load_network(path: Path, activation: str | None):
             tensors, meta = load_tensors(path)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="WEIGHTS") from e
-        if meta.get("format", "").startswith("mlpinterp.classifier"):
+        if not isinstance(meta, dict):
+            raise typer.BadParameter(
+                f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}", param_hint="WEIGHTS"
+            )
+        fmt = meta.get("format")
+        if fmt is not None and not isinstance(fmt, str):
+            raise typer.BadParameter(
+                f"metadata 'format' of {str(path)!r} must be a string, got {fmt!r}", param_hint="WEIGHTS"
+            )
+        if (fmt or "").startswith("mlpinterp.classifier"):
             from mlpinterp.models import load_classifier
 
-            model, _ = load_classifier(path)
-            return model.to_network(), meta
+            try:
+                model, _ = load_classifier(path)
+                return model.to_network(), meta
+            except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
+                raise typer.BadParameter(str(e), param_hint="WEIGHTS") from e
         arrays = {k: v.double().numpy() for k, v in tensors.items()}
     else:
         raise typer.BadParameter(f"expected a .safetensors or .npz file, got {path.name!r}", param_hint="WEIGHTS")
@@ -83,9 +95,23 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
     if mean is not None or cov is not None:
         if mean is None or cov is None:
             raise typer.BadParameter("--mean and --cov must be given together", param_hint="--mean/--cov")
+        arrays = []
+        for name, file in (("--mean", mean), ("--cov", cov)):
+            try:
+                arr = np.load(file, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise typer.BadParameter(f"cannot read {str(file)!r} as a .npy array ({e})", param_hint=name) from e
+            if not isinstance(arr, np.ndarray):  # .npz archives load as NpzFile
+                if hasattr(arr, "close"):
+                    arr.close()
+                raise typer.BadParameter(
+                    f"{str(file)!r} must be a .npy file holding one array, got a {type(arr).__name__} (.npz?)",
+                    param_hint=name,
+                )
+            arrays.append(arr)
         try:
-            return Gaussian(np.load(mean), np.load(cov))
-        except (ValueError, OSError) as e:
+            return Gaussian(*arrays)
+        except (ValueError, TypeError) as e:
             raise typer.BadParameter(str(e), param_hint="--mean/--cov") from e
     if kind == DistName.standard:
         return Gaussian.standard(d)
@@ -122,7 +148,11 @@ def approx(
         p = fit_polynomial(net, dist, degree)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from e
-    r = fvu(net, p, dist, n_samples=samples)
+    try:
+        r = fvu(net, p, dist, n_samples=samples)
+    except ValueError as e:
+        hint = "--samples" if "n_samples" in str(e) else None
+        raise typer.BadParameter(str(e).replace("n_samples", "--samples"), param_hint=hint) from e
     con = _console()
     se = f" ± {r.stderr:.2e} (Monte Carlo, {r.n_samples} samples)" if r.method == "monte-carlo" else \
         f" (exact, numerical error <= {r.error_bound:.1e})"

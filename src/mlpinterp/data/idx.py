@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import urllib.request
 import zlib
@@ -53,7 +54,7 @@ class IdxFile:
     @property
     def n_bytes(self) -> int:
         """Exact uncompressed length: 4-byte magic + 4 bytes per dimension + data."""
-        return 4 + 4 * len(self.shape) + int(np.prod(self.shape))
+        return 4 + 4 * len(self.shape) + math.prod(int(n) for n in self.shape)
 
 
 MNIST_FILES: dict[str, IdxFile] = {
@@ -139,7 +140,7 @@ def decode_idx(raw: bytes, source: str = "<bytes>", expected: IdxFile | None = N
     shape = tuple(int(s) for s in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     if expected is not None and shape != expected.shape:
         raise ValueError(f"{source}: IDX dimensions {shape}, expected {expected.shape}")
-    n_expected = 4 + 4 * ndim + int(np.prod(shape))
+    n_expected = 4 + 4 * ndim + math.prod(int(n) for n in shape)  # Python ints: no int64 wrap-around
     if len(raw) != n_expected:
         raise ValueError(
             f"{source}: {len(raw)} bytes, expected exactly {n_expected} for shape {shape} "

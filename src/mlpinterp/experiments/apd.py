@@ -26,13 +26,13 @@ from mlpinterp.apd import (
     Components,
     activation_frequency,
     attributions,
-    batch_topk_mask,
     decompose,
     mmcs_ml2r,
     per_feature_mse,
     responsible_components,
     run_with_components,
     scrubbing,
+    select_mask,
     topk_mask,
 )
 from mlpinterp.toys import (
@@ -69,12 +69,12 @@ _TMS4010 = APDConfig(targets=("W",), C=50, m=None, steps=20_000, batch_size=2048
 _RESID1 = APDConfig(targets=("layers.0.mlp_in", "layers.0.mlp_out"), C=130, m=1, steps=40_000, batch_size=2048,
                     lr=1e-3, lr_schedule="cosine", warmup_frac=0.01, topk=1.28, faithfulness_coeff=1.0,
                     minimality_coeff=1.0, simplicity_coeff=10.0, schatten_p=0.9, act_recon_coeff=1.0,
-                    act_names=("layers.0.act",), unit_norm_B=True, log_every=500, checkpoint_every=1000)
+                    act_names=("layers.0.act",), unit_norm_B=True, log_every=500, checkpoint_every=250)
 _RESID2 = APDConfig(targets=("layers.0.mlp_in", "layers.0.mlp_out", "layers.1.mlp_in", "layers.1.mlp_out"),
                     C=200, m=1, steps=10_000, batch_size=2048, lr=1e-3, lr_schedule="cosine", warmup_frac=0.01,
                     topk=1.28, faithfulness_coeff=1.0, minimality_coeff=2.0, simplicity_coeff=7.0, schatten_p=0.9,
                     act_recon_coeff=1.0, act_names=("layers.0.act", "layers.1.act"), log_every=500,
-                    checkpoint_every=1000)
+                    checkpoint_every=250)
 _GATED = APDConfig(targets=("layers.0.mlp_in", "layers.0.mlp_out", "layers.1.mlp_in", "layers.1.mlp_out"), C=4,
                    m=None, steps=200_000, batch_size=10_000, lr=3e-3, lr_schedule="cosine", warmup_frac=0.004,
                    topk=0.2217, faithfulness_coeff=0.1, minimality_coeff=5.0, simplicity_coeff=5.0, schatten_p=1.0,
@@ -290,12 +290,11 @@ def evaluate(name: str, model: nn.Module, comps: Components, cfg: APDConfig, inf
     spec = setting_spec(name)
     gen = step_generator(seed + 10_000, 0)
     batches = [spec.sample(max(cfg.batch_size, n_eval // 4), gen) for _ in range(4)]
-    freq = activation_frequency(model, comps, batches, lambda a: batch_topk_mask(a, cfg.topk) if cfg.batch_topk
-                                else topk_mask(a, int(cfg.topk)), cfg.attribution_source)
+    freq = activation_frequency(model, comps, batches, lambda a: select_mask(a, cfg), cfg.attribution_source)
     out: dict = {"dead_components": int((freq == 0).sum()), "alive_components": int((freq > 0).sum()),
                  "activation_frequency": freq.tolist()}
     x = torch.cat(batches)
-    mask = batch_topk_mask(attributions(model, comps, x, cfg.attribution_source), cfg.topk)
+    mask = select_mask(attributions(model, comps, x, cfg.attribution_source), cfg)
     y_t = model(x)
     out["topk_output_mse"] = float(((run_with_components(model, comps, x, mask.float()) - y_t) ** 2).mean())
     out["all_components_output_mse"] = float(((run_with_components(model, comps, x) - y_t) ** 2).mean())
@@ -311,7 +310,7 @@ def evaluate(name: str, model: nn.Module, comps: Components, cfg: APDConfig, inf
         out["distinct_responsible"] = int(len(np.unique(resp)))
         xs = spec.sample(n_eval, step_generator(seed + 20_000, 0))
         xs = xs[(xs != 0).any(1)]
-        res = scrubbing(model, comps, xs, resp, lambda a: batch_topk_mask(a, cfg.topk), seed=seed,
+        res = scrubbing(model, comps, xs, resp, lambda a: select_mask(a, cfg), seed=seed,
                         source=cfg.attribution_source)
         out.update(res.summary())
         pf = per_feature_mse(model, comps, spec.n_features, spec.value_range, n_per_feature=max(10, n_eval // 40), k=1,

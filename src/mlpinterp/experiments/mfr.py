@@ -391,6 +391,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                                 inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
                                 seed=2000 + seed)
                 trainer = MfrTrainer(held.shape[1], cfg, device=device)
+                trainer.load_checkpoint(run_dir)  # resumes weights and optimiser; the data stream restarts
                 t0 = time.time()
                 trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
                             checkpoint_every=max(exp.steps // 4, 1), desc=f"k={k} seed={seed} {cond}")

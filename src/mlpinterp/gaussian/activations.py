@@ -305,6 +305,25 @@ def _module_kinks(module) -> tuple[float, ...]:
     )
 
 
+def _check_elementwise(call: Callable, probe: np.ndarray, out: np.ndarray, label: str) -> None:
+    """Raise ``ValueError`` unless ``call`` commutes with taking sub-arrays and reversing (elementwise)."""
+    try:
+        head = np.asarray(call(probe[:3].copy()), dtype=np.float64)
+        rev = np.asarray(call(probe[::-1].copy()), dtype=np.float64)
+    except Exception:  # noqa: BLE001 - a function that fails on sub-arrays is not elementwise either
+        head, rev = None, None
+    ok = (
+        head is not None and head.shape == (3,) and rev.shape == probe.shape
+        and np.allclose(head, out[:3], rtol=1e-12, atol=1e-300, equal_nan=True)
+        and np.allclose(rev, out[::-1], rtol=1e-12, atol=1e-300, equal_nan=True)
+    )
+    if not ok:
+        raise ValueError(
+            f"act: callable {label!r} must act elementwise: f(y)[i] may depend on y[i] only, but f(y[:3]) or "
+            "f(reversed y) disagree with f(y) on a probe (e.g. a normalisation such as y / sum|y| is not elementwise)"
+        )
+
+
 def _wrap_callable(f: Callable) -> Activation:
     """Wrap a user callable acting elementwise on numpy float arrays (or, failing that, torch tensors)."""
     probe = np.linspace(-3.0, 3.0, 7)
@@ -320,6 +339,7 @@ def _wrap_callable(f: Callable) -> Activation:
                 f"act: a callable must act elementwise (output shape == input shape); "
                 f"f(y) for y of shape {list(probe.shape)} returned shape {list(out.shape)}"
             )
+        _check_elementwise(lambda y: np.asarray(f(y), dtype=np.float64), probe, out, label)
 
         def fn(y):
             y = np.asarray(y, dtype=np.float64)
@@ -346,6 +366,7 @@ def _wrap_callable(f: Callable) -> Activation:
             f"act: a callable must act elementwise (output shape == input shape); "
             f"f(y) for y of shape {list(probe.shape)} returned shape {list(out.shape)}"
         )
+    _check_elementwise(lambda y: f(torch.from_numpy(y)).detach().numpy().astype(np.float64), probe, out, label)
 
     def fn_t(y):
         y = np.asarray(y, dtype=np.float64)

@@ -403,6 +403,10 @@ def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = N
     if want != got:
         raise ValueError(f"checkpoint {str(path)!r} tensors {got} do not match its config, which needs {want}")
     for k, v in tensors.items():
+        if not v.dtype.is_floating_point:
+            raise ValueError(
+                f"checkpoint {str(path)!r} tensor {k!r} has dtype {v.dtype}; weights must have a real floating dtype"
+            )
         if not torch.isfinite(v).all():
             raise ValueError(f"checkpoint {str(path)!r} tensor {k!r} has non-finite values")
     model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mlpinterp.gaussian.hermite import hermite_he, hermite_to_monomial
-from mlpinterp.utils.validation import to_numpy
+from mlpinterp.utils.validation import frozen, to_numpy
 
 #: Largest number of float64 entries ``coefficients(k)`` will materialise (2 GiB).
 MAX_TENSOR_ENTRIES = 2**28
@@ -110,6 +110,13 @@ class RidgePolynomial:
     E: np.ndarray | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # private read-only copies: in-place edits by a caller cannot silently change a fitted approximant
+        for name in ("center", "A", "D", "W2", "b2", "G", "E"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, frozen(np.asarray(v, dtype=np.float64)))
+
     @property
     def degree(self) -> int:
         return self.D.shape[1] - 1
@@ -181,13 +188,19 @@ class RidgePolynomial:
 
     def to_dense(self) -> DensePolynomial:
         """Materialise all coefficient tensors (raises ``ValueError`` when too large)."""
-        return DensePolynomial(tuple(self.coefficients(k) for k in range(self.degree + 1)), info=dict(self.info))
+        info = {**self.info, "d_in": self.d_in}
+        return DensePolynomial(tuple(self.coefficients(k) for k in range(self.degree + 1)), info=info)
 
     def to_module(self):
-        """A float64 ``torch.nn.Module`` computing this polynomial (factored; differentiable)."""
+        """A float64 ``torch.nn.Module`` computing this polynomial (factored; differentiable).
+
+        The module maps ``[..., d_in] -> [..., d_out]`` and raises ``ValueError`` for another input width.
+        """
         from mlpinterp.poly.torch_module import RidgePolynomialModule
 
-        return RidgePolynomialModule(self)
+        module = RidgePolynomialModule(self)
+        module.register_forward_pre_hook(_InputWidthCheck(self.d_in, batched_only=False))
+        return module
 
     def state(self) -> dict[str, np.ndarray]:
         st = dict(center=self.center, A=self.A, D=self.D, W2=self.W2, b2=self.b2)
@@ -213,6 +226,9 @@ class DensePolynomial:
     tensors: tuple[np.ndarray, ...]
     info: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tensors", tuple(frozen(np.asarray(T, dtype=np.float64)) for T in self.tensors))
+
     @property
     def degree(self) -> int:
         return len(self.tensors) - 1
@@ -233,8 +249,11 @@ class DensePolynomial:
 
     def __call__(self, X, *, chunk: int = 1024) -> np.ndarray:
         if self.degree == 0:
-            X = to_numpy(X, "X")
-            single = X.ndim == 1
+            if self.d_in:  # known (recorded in info["d_in"]): validate like any other degree
+                X, single = _inputs(X, self.d_in)
+            else:
+                X = to_numpy(X, "X")
+                single = X.ndim == 1
             n = 1 if single else X.shape[0]
             out = np.broadcast_to(self.tensors[0], (n, self.d_out)).copy()
             return out[0] if single else out
@@ -251,10 +270,16 @@ class DensePolynomial:
         return out[0] if single else out
 
     def to_module(self):
-        """A float64 ``torch.nn.Module`` computing this polynomial."""
+        """A float64 ``torch.nn.Module`` computing this polynomial: ``[n, d_in] -> [n, d_out]``.
+
+        Raises ``ValueError`` for inputs of another shape (when d_in is known, see ``d_in``).
+        """
         from mlpinterp.poly.torch_module import DensePolynomialModule
 
-        return DensePolynomialModule(self)
+        module = DensePolynomialModule(self)
+        if self.d_in:
+            module.register_forward_pre_hook(_InputWidthCheck(self.d_in, batched_only=True))
+        return module
 
     def state(self) -> dict[str, np.ndarray]:
         return {f"T{k}": T for k, T in enumerate(self.tensors)}
@@ -265,6 +290,22 @@ class DensePolynomial:
 
 
 Polynomial = RidgePolynomial | DensePolynomial
+
+
+class _InputWidthCheck:
+    """Forward pre-hook of the ``to_module()`` modules: raise ``ValueError`` unless the input is ``[..., d_in]``."""
+
+    def __init__(self, d_in: int, batched_only: bool):
+        self.d_in, self.batched_only = int(d_in), batched_only
+
+    def __call__(self, module, args):
+        x = args[0] if args else None
+        shape = list(getattr(x, "shape", []))
+        ok = len(shape) == 2 if self.batched_only else len(shape) >= 1
+        if not ok or shape[-1] != self.d_in:
+            want = f"[n, d_in={self.d_in}]" if self.batched_only else f"[..., d_in={self.d_in}]"
+            raise ValueError(f"x must have shape {want}, got {shape}")
+        return None
 
 
 def _save(p: Polynomial, kind: str, path: str | Path) -> Path:
@@ -292,13 +333,57 @@ def _jsonable(d):
 
 
 def load_polynomial(path: str | Path) -> Polynomial:
-    """Load an approximant saved with ``.save``. Raises ``ValueError`` for files of another format."""
+    """Load an approximant saved with ``.save`` (``path`` with or without the ``.safetensors`` suffix).
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for files of another format or with
+    corrupt metadata (unknown ``kind``, a ``degree`` that does not match the tensors, wrong tensor shapes).
+    """
     from mlpinterp.utils.io import load_tensors
 
     tensors, meta = load_tensors(path)
-    if meta.get("format") != "mlpinterp.polynomial":
-        raise ValueError(f"{str(path)!r} is not an mlpinterp polynomial (metadata format {meta.get('format')!r})")
+    if not isinstance(meta, dict) or meta.get("format") != "mlpinterp.polynomial":
+        fmt = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{str(path)!r} is not an mlpinterp polynomial (metadata format {fmt!r})")
+    kind, degree, info = meta.get("kind"), meta.get("degree"), meta.get("info", {})
+    if kind not in ("ridge", "dense"):
+        raise ValueError(f"{str(path)!r}: metadata 'kind' must be 'ridge' or 'dense', got {kind!r}")
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
+        raise ValueError(f"{str(path)!r}: metadata 'degree' must be a non-negative int, got {degree!r}")
+    if not isinstance(info, dict):
+        raise ValueError(f"{str(path)!r}: metadata 'info' must be a dict, got {type(info).__name__}")
+    bad = [k for k, v in tensors.items() if not v.dtype.is_floating_point]
+    if bad:
+        raise ValueError(f"{str(path)!r}: tensors {bad} must have a floating dtype")
     arr = {k: v.double().numpy() for k, v in tensors.items()}
-    if meta["kind"] == "ridge":
-        return RidgePolynomial(**arr, info=meta.get("info", {}))
-    return DensePolynomial(tuple(arr[f"T{k}"] for k in range(meta["degree"] + 1)), info=meta.get("info", {}))
+    if kind == "ridge":
+        need, optional = {"center", "A", "D", "W2", "b2"}, {"G", "E"}
+        if not need <= set(arr) or not set(arr) <= need | optional or ("G" in arr) != ("E" in arr):
+            raise ValueError(
+                f"{str(path)!r}: a ridge polynomial needs tensors center, A, D, W2, b2 (and G, E together), "
+                f"got {sorted(arr)}"
+            )
+        h, d = arr["A"].shape if arr["A"].ndim == 2 else (-1, -1)
+        shapes_ok = (
+            arr["A"].ndim == 2 and arr["center"].shape == (d,) and arr["D"].shape == (h, degree + 1)
+            and arr["W2"].ndim == 2 and arr["W2"].shape[1] == h and arr["b2"].shape == (arr["W2"].shape[0],)
+            and ("G" not in arr or (arr["G"].shape == (h, d) and arr["E"].shape == (h, degree)))
+        )
+        if not shapes_ok:
+            raise ValueError(
+                f"{str(path)!r}: ridge tensor shapes are inconsistent with degree {degree}: "
+                f"{ {k: list(v.shape) for k, v in arr.items()} }"
+            )
+        return RidgePolynomial(**arr, info=info)
+    names = {f"T{k}" for k in range(degree + 1)}
+    if set(arr) != names:
+        raise ValueError(
+            f"{str(path)!r}: a dense polynomial of degree {degree} needs tensors {sorted(names)}, got {sorted(arr)}"
+        )
+    T = [arr[f"T{k}"] for k in range(degree + 1)]
+    d_out = T[0].shape[0] if T[0].ndim == 1 else -1
+    d_in = T[1].shape[-1] if degree >= 1 and T[1].ndim == 2 else info.get("d_in", 0)
+    if d_out < 0 or any(t.shape != (d_out,) + (d_in,) * k for k, t in enumerate(T)):
+        raise ValueError(
+            f"{str(path)!r}: dense tensor shapes must be [d_out, d_in^k]; got {[list(t.shape) for t in T]}"
+        )
+    return DensePolynomial(tuple(T), info=info)

@@ -518,7 +518,7 @@ def fit_mixture(
     *,
     method: str = "auto",
     tol: float = 1e-10,
-    fvu_tol: float = 1e-9,
+    fvu_tol: float = 1e-7,
     window: int = 10,
     maxiter: int = 500,
     preconditioner: str = "diagonal",

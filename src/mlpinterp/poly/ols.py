@@ -114,6 +114,13 @@ def fit_ols(network: Network, dist: Gaussian, degree: int, *, rcond: float = 1e-
         n_perm = math.factorial(r) // math.prod(math.factorial(c) for c in Counter(alpha).values())
         for p in perms:
             tensors[r][(slice(None),) + p] = theta[fi] / n_perm
+    if dist.is_singular:
+        # extension off the support by orthogonal projection: S_r[t, ..., t] -> S_r[P t, ..., P t], P = U U^T
+        # (lstsq's minimum-norm monomial coefficients are not this extension for degree >= 2)
+        P = dist.support @ dist.support.T
+        for r in range(1, degree + 1):
+            for ax in range(1, r + 1):
+                tensors[r] = np.moveaxis(np.tensordot(tensors[r], P, axes=([ax], [0])), -1, ax)
     raw = centered_to_raw(tensors, dist.mean)
     return DensePolynomial(raw, info={"network": type(network).__name__, "activation": network.activation,
                                       "distribution": "Gaussian", "method": "ols-moments", "degree": degree,

@@ -30,7 +30,15 @@ class QuadraticSpectrum:
     eigenvectors: np.ndarray
 
     def top(self, output: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The n leading (by |eigenvalue|) eigenvalues ``[n]`` and eigenvectors ``[d_in, n]`` of one output."""
+        """The n leading (by |eigenvalue|) eigenvalues ``[n]`` and eigenvectors ``[d_in, n]`` of one output.
+
+        Raises ``ValueError`` unless ``0 <= output < d_out`` and ``0 <= n <= d_in`` (integers).
+        """
+        d_out, d_in = self.eigenvalues.shape
+        if isinstance(output, bool) or not isinstance(output, int | np.integer) or not 0 <= output < d_out:
+            raise ValueError(f"output must be an integer in [0, d_out={d_out}), got {output!r}")
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 0 <= n <= d_in:
+            raise ValueError(f"n must be an integer in [0, d_in={d_in}], got {n!r}")
         return self.eigenvalues[output, :n], self.eigenvectors[output, :, :n]
 
 
@@ -76,6 +84,8 @@ def random_directions(d: int, k: int, seed: int = 0) -> np.ndarray:
 def pca_directions(X, k: int) -> np.ndarray:
     """Top-k principal directions of data ``X [n, d]``: ``[d, k]`` (baseline ablation)."""
     X = to_numpy(X, "X")
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"X must have shape [n >= 1, d], got {list(X.shape)}")
     if not 0 <= k <= X.shape[1]:
         raise ValueError(f"k must be in [0, d={X.shape[1]}], got {k}")
     _, _, Vt = np.linalg.svd(X - X.mean(0), full_matrices=False)
@@ -83,9 +93,21 @@ def pca_directions(X, k: int) -> np.ndarray:
 
 
 def ablate(X, directions: np.ndarray) -> np.ndarray:
-    """Project the orthonormal ``directions [d, k]`` out of every input: ``X (I - V V^T)``; ``[n, d]``."""
+    """Project the orthonormal ``directions [d, k]`` out of every input: ``X (I - V V^T)``; ``[n, d]``.
+
+    Raises ``ValueError`` if ``X`` is not ``[n, d]``, ``directions`` not ``[d, k]`` or its columns are not
+    orthonormal (``|V^T V - I| > 1e-8``; orthonormalise with ``np.linalg.qr`` first).
+    """
     X = to_numpy(X, "X")
+    if X.ndim != 2:
+        raise ValueError(f"X must have shape [n, d], got {list(X.shape)}")
     V = to_numpy(directions, "directions")
     if V.ndim != 2 or V.shape[0] != X.shape[1]:
         raise ValueError(f"directions must have shape [d={X.shape[1]}, k], got {list(V.shape)}")
+    gram_err = float(np.max(np.abs(V.T @ V - np.eye(V.shape[1])), initial=0.0))
+    if gram_err > 1e-8:
+        raise ValueError(
+            f"directions must have orthonormal columns (max |V^T V - I| = {gram_err:.3g}); "
+            "orthonormalise them first, e.g. np.linalg.qr(directions)[0]"
+        )
     return X - (X @ V) @ V.T

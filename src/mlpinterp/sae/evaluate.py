@@ -6,7 +6,8 @@
   Bricken et al. 2023, Gao et al. 2024 sec. 4.1).
 * Encoder models without an LM head (all-MiniLM-L6-v2): the same idea on the final sentence embeddings
   (mean pooling over non-padding tokens, then L2 normalisation, as sentence-transformers does): cosine
-  similarity and MSE to the clean embeddings with the SAE spliced in vs zero-ablated;
+  similarity (and MSE of the pooled, un-normalised embedding) to the clean embeddings with the SAE spliced in
+  vs zero-ablated;
   ``cosine_recovered = (cos_sae - cos_zero) / (1 - cos_zero)`` and ``mse_recovered = 1 - MSE_sae / MSE_zero``.
 """
 
@@ -104,13 +105,15 @@ def lm_loss_recovered(model: nn.Module, hook_point: str, sae: TopKSae | Callable
 
 @torch.no_grad()
 def sentence_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
-                        batch_size: int = 32) -> Tensor:
-    """Mean-pooled, L2-normalised last hidden states ``[batch, d_model]`` (sentence-transformers pooling)."""
+                        batch_size: int = 32, normalize: bool = True) -> Tensor:
+    """Mean-pooled last hidden states over non-padding tokens ``[batch, d_model]``, L2-normalised when
+    ``normalize`` (sentence-transformers' pooling for all-MiniLM-L6-v2)."""
     outs = []
     for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
         h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         m = mask[..., None].float()
-        outs.append(F.normalize((h * m).sum(1) / m.sum(1).clamp_min(1), dim=-1))
+        pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
+        outs.append(F.normalize(pooled, dim=-1) if normalize else pooled)
     return torch.cat(outs)
 
 
@@ -118,15 +121,17 @@ def embedding_recovered(model: nn.Module, hook_point: str, sae: TopKSae | Callab
                         input_ids: Tensor, attention_mask: Tensor | None = None, batch_size: int = 32) -> dict:
     """Sentence-embedding fidelity with the SAE spliced in vs zero ablation (encoder models, e.g. MiniLM).
 
-    Returns ``cos_spliced``, ``cos_zero`` (mean cosine to the clean embeddings), ``mse_spliced``, ``mse_zero``
-    (mean squared error per dimension), ``cosine_recovered`` and ``mse_recovered`` (fractions).
+    Returns ``cos_spliced``, ``cos_zero`` (mean cosine similarity to the clean sentence embedding),
+    ``mse_spliced``, ``mse_zero`` (mean squared error per dimension of the mean-pooled embedding *before* the
+    L2 normalisation: after it, MSE = (2 - 2 cos) / d would carry no information beyond the cosine),
+    ``cosine_recovered`` and ``mse_recovered`` (fractions).
     """
     fn = sae_fn(sae) if isinstance(sae, TopKSae) else sae
-    clean = sentence_embeddings(model, input_ids, attention_mask, batch_size)
+    clean = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
     with splice(model, hook_point, fn):
-        spl = sentence_embeddings(model, input_ids, attention_mask, batch_size)
+        spl = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
     with splice(model, hook_point, zero_fn):
-        zer = sentence_embeddings(model, input_ids, attention_mask, batch_size)
+        zer = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
     cos_s = float(F.cosine_similarity(spl, clean, dim=-1).mean())
     cos_z = float(F.cosine_similarity(zer, clean, dim=-1).mean())
     mse_s = float((spl - clean).pow(2).mean())
