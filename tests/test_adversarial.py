@@ -1047,12 +1047,6 @@ def test_cli_reproduce_bad_options_exit_2(tmp_path, extra, match):
     assert match in flat(res.output)
 
 
-@_xfail(
-    "reproduce polynomial validates --lr/--arch/--activation/--d-hidden only when ClassifierConfig is built "
-    "inside run_polynomial_repro: a raw ValueError traceback (exit 1) after the dataset is loaded and "
-    "out/config.json is written (experiments/polynomial_repro.py PolynomialReproConfig.resolved should build "
-    "a ClassifierConfig)"
-)
 @pytest.mark.parametrize(
     "extra", [["--lr", "-1"], ["--arch", "foo"], ["--activation", "softplus"], ["--d-hidden", "0"]]
 )

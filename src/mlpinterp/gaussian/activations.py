@@ -384,8 +384,12 @@ def get_activation(act: str | Activation | Callable) -> Activation:
             ``"leaky_relu:<slope>"`` for a custom negative slope), an :class:`Activation` (returned as is),
             a ``torch.nn`` activation module (``ReLU``, ``LeakyReLU``, ``GELU`` in both approximate modes,
             ``SiLU``, ``Sigmoid``, ``Tanh``, ``Softplus`` with beta=1, ``ELU`` with alpha=1, ``Identity``
-            map to the named activations; any other module is wrapped as is), or a callable mapping
-            numpy float arrays elementwise (wrapped; its ``torch_fn`` goes through numpy and is not
+            map to the named activations; the other elementwise modules ``ELU``, ``CELU``, ``SELU``,
+            ``Hardtanh``, ``ReLU6``, ``Threshold``, ``Hardshrink``, ``Softshrink``, ``Hardswish``,
+            ``Hardsigmoid``, ``PReLU(num_parameters=1)``, ``Softplus``, ``Mish``, ``Softsign``, ``Tanhshrink``,
+            ``LogSigmoid`` are wrapped (float64 copy) with their kinks/jumps declared; any other module, e.g.
+            ``Softmax`` or ``LayerNorm``, is refused), or a callable mapping numpy float arrays elementwise
+            (wrapped; probed for elementwise behaviour; its ``torch_fn`` goes through numpy and is not
             differentiable; it has no declared kinks - build an :class:`Activation` yourself to declare them).
 
     Returns:
@@ -394,7 +398,8 @@ def get_activation(act: str | Activation | Callable) -> Activation:
     Raises:
         ValueError: unknown name (the message lists the known names), unparsable leaky slope, or a
             callable that is not elementwise.
-        TypeError: ``act`` is neither a string, an Activation nor a callable.
+        TypeError: ``act`` is neither a string, an Activation nor a callable, or is a torch module that is not
+            a supported elementwise activation.
     """
     if isinstance(act, Activation):
         return act
