@@ -51,3 +51,16 @@ def test_reproduce_polynomial_rejects_bad_options(tmp_path):
     assert r.exit_code != 0 and "seeds" in flat(r.output)
     r = CliRunner().invoke(app, ["reproduce", "polynomial", "--dataset", "cifar", "--out", str(tmp_path)])
     assert r.exit_code != 0
+
+
+def test_reproduce_polynomial_final_only_quadratic_policy(tmp_path):
+    """The MNIST-scale policy (mixture quadratic at the final checkpoint only) yields gaps, not crashes."""
+    out = tmp_path / "run"
+    args = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--steps", "32", "--quiet",
+            "--quadratic-mixture-steps", "final"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    res = json.loads((out / "results.json").read_text())
+    quad = res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"]
+    assert quad[:-1] == [None] * (len(quad) - 1) and quad[-1] is not None
+    assert all(v is not None for v in res["curves"]["quadratic_gaussian"]["fvu_mixture"]["mean"])

@@ -202,6 +202,8 @@ def reproduce_polynomial(
     mc_samples: Annotated[int | None, typer.Option(help="Monte Carlo samples under the mixture.")] = None,
     covariance: Annotated[str, typer.Option(help="Class covariance estimator: ledoit-wolf (full rank) or empirical "
                                             "(singular on real images).")] = "ledoit-wolf",
+    quadratic_mixture_steps: Annotated[str, typer.Option(help="Checkpoints that get the exact mixture quadratic: "
+                                                         "all, final, or auto (all on digits, final on MNIST).")] = "auto",
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Tiny configuration for CI (seconds).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
@@ -212,6 +214,7 @@ def reproduce_polynomial(
     try:
         cfg = PolynomialReproConfig(dataset=dataset.value, seeds=seeds, steps=steps, d_hidden=d_hidden, lr=lr, arch=arch,
                                     activation=activation, mc_samples=mc_samples, covariance=covariance,
+                                    quadratic_mixture_steps=quadratic_mixture_steps,
                                     data_path=str(data_path) if data_path else None, smoke=smoke)
         cfg.resolved()
     except (ValueError, TypeError) as e:

@@ -22,8 +22,8 @@ STYLE = {
 
 
 def _band(ax, x, d, style, *, clip_low=None):
-    m, s = np.array(d["mean"]), np.array(d["std"])
-    ax.plot(x, m, color=style["color"], ls=style["ls"], label=style["label"])
+    m, s = np.array(d["mean"], dtype=float), np.array(d["std"], dtype=float)  # None (not fitted) -> nan
+    ax.plot(x, m, color=style["color"], ls=style["ls"], label=style["label"], marker="o", ms=2.5)
     lo = m - s if clip_low is None else np.maximum(m - s, clip_low)
     ax.fill_between(x, lo, m + s, color=style["color"], alpha=0.15, lw=0)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.data import load_dataset
-from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
+from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
 from mlpinterp.poly.spectral import quadratic_spectrum
@@ -65,6 +65,9 @@ class PolynomialReproConfig:
     """Monte Carlo samples of the mixture for FVU/KL under the mixture."""
     covariance: str = "ledoit-wolf"
     """Class covariance estimator: ``ledoit-wolf`` (shrunk, full rank) or ``empirical`` (singular on real images)."""
+    quadratic_mixture_steps: str = "auto"
+    """Checkpoints that get the exact mixture quadratic: ``all``, ``final``, or ``auto`` (all when the cached dense
+    solve applies, i.e. (d_in+1)(d_in+2)/2 <= 5000 as on digits; the final one otherwise, as on MNIST)."""
     attack_k: int = 10
     """Largest number of ablated input directions in the SVD attack."""
     data_path: str | None = None
@@ -88,6 +91,8 @@ class PolynomialReproConfig:
                 d[k] = getattr(self, k)
         if self.covariance not in ("ledoit-wolf", "empirical"):
             raise ValueError(f"covariance must be 'ledoit-wolf' or 'empirical', got {self.covariance!r}")
+        if self.quadratic_mixture_steps not in ("auto", "all", "final"):
+            raise ValueError(f"quadratic_mixture_steps must be 'auto', 'all' or 'final', got {self.quadratic_mixture_steps!r}")
         if d["steps"] < 16:
             raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
         d["warmup_steps"] = min(d["warmup_steps"], d["steps"])
@@ -144,11 +149,25 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     return results
 
 
+def _quadratic_mixture_steps(steps: list[int], d_in: int, policy: str) -> set[int]:
+    """Checkpoints at which the exact mixture quadratic is fitted (``policy``: all, final, auto)."""
+    from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count
+
+    if policy == "all" or (policy == "auto" and feature_count(d_in) <= MAX_FEATURES):
+        return set(steps)
+    return {steps[-1]}
+
+
 def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int, quiet: bool) -> dict:
+    from mlpinterp.poly.approximant import load_polynomial
+
     ev_dir = seed_dir / "eval"
     ev_dir.mkdir(parents=True, exist_ok=True)
+    ap_dir = seed_dir / "approximants"
     ckpts = find_checkpoints(ck_dir)
-    curves = []
+    steps = [s for s, _ in ckpts]
+    quad_steps = _quadratic_mixture_steps(steps, data.d_in, r["quadratic_mixture_steps"])
+    curves, final_approx = [], None
     with _progress(quiet) as prog:
         task = prog.add_task(f"seed {seed}: approximants", total=len(ckpts))
         for step, path in ckpts:
@@ -157,40 +176,50 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                 res = json.loads(f.read_text())
             else:
                 model, meta = load_classifier(path)
-                res = evaluate_checkpoint(model.to_network(), inputs)
+                res, approx = evaluate_checkpoint(model.to_network(), inputs, quadratic_mixture=step in quad_steps)
                 res["step"] = step
                 res["network"]["train_accuracy"] = meta.get("train_accuracy")
+                if step == steps[-1]:  # keep the final approximants for the attack and the feature images
+                    final_approx = approx
+                    for name, p in approx.items():
+                        p.save(ap_dir / name)
                 atomic_write_json(f, res)
             curves.append(res)
             prog.advance(task)
 
     final_step, final_path = ckpts[-1]
+    model, _ = load_classifier(final_path)
+    net = model.to_network()
+    if final_approx is None:
+        final_approx = {name: load_polynomial(ap_dir / f"{name}.safetensors")
+                        for name in curves[-1]["approximants"]}
     attack_file = seed_dir / "attack.json"
-    feat_file = seed_dir / "features.npz"
-    if attack_file.exists() and feat_file.exists():
+    if attack_file.exists():
         attack = json.loads(attack_file.read_text())
     else:
-        model, _ = load_classifier(final_path)
-        net = model.to_network()
-        approx, _ = fit_approximants(net, inputs)
-        attack = svd_attack(net, approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
+        attack = svd_attack(net, final_approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
                             k_max=r["attack_k"], seed=seed)
         atomic_write_json(attack_file, attack)
-        _save_features(feat_file, ck_dir, inputs, [s for s, _ in ckpts])
+    feat_file = seed_dir / "features.npz"
+    if not feat_file.exists():
+        _save_features(feat_file, ck_dir, inputs, steps, final_approx)
     return {"seed": seed, "curves": curves, "attack": attack, "features": str(feat_file)}
 
 
-def _save_features(path: Path, ck_dir: Path, inputs: EvalInputs, steps: list[int], n_eig: int = 2) -> None:
-    """Linear coefficient rows and top quadratic eigenvectors (mixture approximants) at 3 checkpoints."""
+def _save_features(path: Path, ck_dir: Path, inputs: EvalInputs, steps: list[int], final_approx: dict,
+                   n_eig: int = 2) -> None:
+    """Linear coefficient rows (mixture) at 3 checkpoints and the top quadratic eigenvectors at the final one."""
+    from mlpinterp.poly.fit import fit_polynomial
+
     pick = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
     arrays: dict[str, np.ndarray] = {"steps": np.array(pick)}
-    for s in pick:
+    for s in pick[:-1]:
         model, _ = load_classifier(ck_dir / f"step_{s:07d}.safetensors")
-        approx, _ = fit_approximants(model.to_network(), inputs)
-        arrays[f"linear_{s}"] = approx["linear_mixture"].coefficients(1)
-        spec = quadratic_spectrum(approx["quadratic_mixture"])
-        arrays[f"eigvals_{s}"] = spec.eigenvalues[:, :n_eig]
-        arrays[f"eigvecs_{s}"] = np.transpose(spec.eigenvectors[:, :, :n_eig], (0, 2, 1))
+        arrays[f"linear_{s}"] = fit_polynomial(model.to_network(), inputs.mixture, 1).coefficients(1)
+    arrays[f"linear_{pick[-1]}"] = final_approx["linear_mixture"].coefficients(1)
+    spec = quadratic_spectrum(final_approx["quadratic_mixture"])
+    arrays[f"eigvals_{pick[-1]}"] = spec.eigenvalues[:, :n_eig]
+    arrays[f"eigvecs_{pick[-1]}"] = np.transpose(spec.eigenvectors[:, :, :n_eig], (0, 2, 1))
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez_compressed(tmp, **arrays)
     tmp.replace(path)
