@@ -106,10 +106,10 @@ class MLP:
         l1 = nn.Linear(self.d_in, self.d_hidden, dtype=torch.float64)
         l2 = nn.Linear(self.d_hidden, self.d_out, dtype=torch.float64)
         with torch.no_grad():
-            l1.weight.copy_(torch.from_numpy(self.W1))
-            l1.bias.copy_(torch.from_numpy(self.b1))
-            l2.weight.copy_(torch.from_numpy(self.W2))
-            l2.bias.copy_(torch.from_numpy(self.b2))
+            l1.weight.copy_(torch.tensor(self.W1))
+            l1.bias.copy_(torch.tensor(self.b1))
+            l2.weight.copy_(torch.tensor(self.W2))
+            l2.bias.copy_(torch.tensor(self.b2))
         return nn.Sequential(l1, _TorchAct(self.act), l2)
 
 

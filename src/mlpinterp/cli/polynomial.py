@@ -194,7 +194,7 @@ def reproduce_polynomial(
     dataset: Annotated[DatasetName, typer.Option(help="digits (bundled, no download), mnist or fashion-mnist.")] = DatasetName.digits,
     seeds: Annotated[int, typer.Option(help="Number of training seeds (error bands are mean ± std).")] = 3,
     out: Annotated[Path, typer.Option(help="Output directory (re-running resumes).")] = Path("runs/polynomial"),
-    steps: Annotated[int | None, typer.Option(help="Training steps (default: digits 8192, MNIST 16384).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps (default 8192).")] = None,
     d_hidden: Annotated[int | None, typer.Option(help="Hidden width (default: digits 256, MNIST 512).")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 2e-3).")] = None,
     arch: Annotated[str, typer.Option(help="mlp or glu.")] = "mlp",

@@ -35,8 +35,8 @@ from mlpinterp.utils.io import atomic_write_json
 DATASET_DEFAULTS = {
     # width, learning rate, steps, Monte Carlo samples of the mixture
     "digits": dict(d_hidden=256, lr=5e-3, steps=8192, mc_samples=20_000),
-    "mnist": dict(d_hidden=512, lr=5e-3, steps=16384, mc_samples=20_000),
-    "fashion-mnist": dict(d_hidden=512, lr=5e-3, steps=16384, mc_samples=20_000),
+    "mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
+    "fashion-mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
 }
 SMOKE = dict(d_hidden=32, steps=256, mc_samples=4000, warmup_steps=64)
 
@@ -50,7 +50,7 @@ class PolynomialReproConfig:
     seeds: int = 3
     """Number of independent training seeds (0..seeds-1)."""
     steps: int | None = None
-    """Training steps (default per dataset: digits 8192, MNIST 16384)."""
+    """Training steps (default 8192)."""
     d_hidden: int | None = None
     """Hidden width (default: digits 256, MNIST 512)."""
     lr: float | None = None

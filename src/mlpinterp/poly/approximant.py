@@ -313,7 +313,7 @@ def _save(p: Polynomial, kind: str, path: str | Path) -> Path:
 
     from mlpinterp.utils.io import save_tensors
 
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in p.state().items()}
+    tensors = {k: torch.from_numpy(np.array(v, copy=True, order="C")) for k, v in p.state().items()}
     meta = {"format": "mlpinterp.polynomial", "kind": kind, "degree": p.degree, "info": _jsonable(p.info)}
     return save_tensors(path, tensors, meta)
 
