@@ -15,17 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpinterp.gaussian.activations import Activation, get_activation
-from mlpinterp.utils.validation import check_shape, frozen, to_numpy
-
-
-def _input(X, d_in: int) -> tuple[np.ndarray, bool]:
-    X = to_numpy(X, "X")
-    single = X.ndim == 1
-    if single:
-        X = X[None]
-    if X.ndim != 2 or X.shape[1] != d_in:
-        raise ValueError(f"X must have shape [n, d_in={d_in}], got {list(X.shape)}")
-    return X, single
+from mlpinterp.utils.validation import as_inputs, check_shape, frozen, to_numpy
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,11 +59,11 @@ class MLP:
 
     def hidden(self, X) -> np.ndarray:
         """Post-activations ``phi(W1 x + b1)``: ``[n, d_hidden]``."""
-        X, _ = _input(X, self.d_in)
+        X, _ = as_inputs(X, self.d_in)
         return self.act.fn(X @ self.W1.T + self.b1)
 
     def __call__(self, X) -> np.ndarray:
-        X, single = _input(X, self.d_in)
+        X, single = as_inputs(X, self.d_in)
         out = self.act.fn(X @ self.W1.T + self.b1) @ self.W2.T + self.b2
         return out[0] if single else out
 
@@ -157,11 +147,11 @@ class GLU:
 
     def hidden(self, X) -> np.ndarray:
         """Gated activations ``phi(W x + b) * (V x + c)``: ``[n, d_hidden]``."""
-        X, _ = _input(X, self.d_in)
+        X, _ = as_inputs(X, self.d_in)
         return self.act.fn(X @ self.W.T + self.b) * (X @ self.V.T + self.c)
 
     def __call__(self, X) -> np.ndarray:
-        X, single = _input(X, self.d_in)
+        X, single = as_inputs(X, self.d_in)
         out = (self.act.fn(X @ self.W.T + self.b) * (X @ self.V.T + self.c)) @ self.W2.T + self.b2
         return out[0] if single else out
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mlpinterp.gaussian.hermite import hermite_he, hermite_to_monomial
-from mlpinterp.utils.validation import frozen, to_numpy
+from mlpinterp.utils.validation import as_inputs, frozen, to_numpy
 
 #: Largest number of float64 entries ``coefficients(k)`` will materialise (2 GiB).
 MAX_TENSOR_ENTRIES = 2**28
@@ -37,16 +37,6 @@ def _check_materialise(d_out: int, d_in: int, k: int) -> None:
             f"more than MAX_TENSOR_ENTRIES = {MAX_TENSOR_ENTRIES:.3g}; evaluate the approximant in factored form "
             "(call it on inputs) instead"
         )
-
-
-def _inputs(X, d_in: int) -> tuple[np.ndarray, bool]:
-    X = to_numpy(X, "X")
-    single = X.ndim == 1
-    if single:
-        X = X[None]
-    if X.ndim != 2 or X.shape[1] != d_in:
-        raise ValueError(f"X must have shape [n, d_in={d_in}], got {list(X.shape)}")
-    return X, single
 
 
 def _sym_outer(G: np.ndarray, A: np.ndarray, r: int, weights: np.ndarray) -> np.ndarray:
@@ -127,7 +117,7 @@ class RidgePolynomial:
 
     def hidden(self, X, *, chunk: int = 4096) -> np.ndarray:
         """The polynomial hidden units ``h(x)``: ``[n, d_hidden]``."""
-        X, _ = _inputs(X, self.d_in)
+        X, _ = as_inputs(X, self.d_in)
         out = np.empty((X.shape[0], self.d_hidden))
         n = self.degree
         for s in range(0, X.shape[0], chunk):
@@ -140,7 +130,7 @@ class RidgePolynomial:
         return out
 
     def __call__(self, X) -> np.ndarray:
-        X, single = _inputs(X, self.d_in)
+        X, single = as_inputs(X, self.d_in)
         out = self.hidden(X) @ self.W2.T + self.b2
         return out[0] if single else out
 
@@ -250,14 +240,14 @@ class DensePolynomial:
     def __call__(self, X, *, chunk: int = 1024) -> np.ndarray:
         if self.degree == 0:
             if self.d_in:  # known (recorded in info["d_in"]): validate like any other degree
-                X, single = _inputs(X, self.d_in)
+                X, single = as_inputs(X, self.d_in)
             else:
                 X = to_numpy(X, "X")
                 single = X.ndim == 1
             n = 1 if single else X.shape[0]
             out = np.broadcast_to(self.tensors[0], (n, self.d_out)).copy()
             return out[0] if single else out
-        X, single = _inputs(X, self.d_in)
+        X, single = as_inputs(X, self.d_in)
         out = np.broadcast_to(self.tensors[0], (X.shape[0], self.d_out)).copy()
         for s in range(0, X.shape[0], chunk):
             Xc = X[s : s + chunk]

@@ -168,7 +168,7 @@ class _MixtureOperator:
         self.pi = [float(w) for w in weights]
         self.m = torch.as_tensor(coords.means, device=device, dtype=dtype)
         self.S = torch.as_tensor(coords.covs, device=device, dtype=dtype)
-        self.pi_t = torch.as_tensor(np.asarray(weights), device=device, dtype=dtype)
+        self.pi_t = torch.tensor(np.array(weights), device=device, dtype=dtype)
         self.Q = self.S + self.m[:, :, None] * self.m[:, None, :]  # E_k[u u^T]  [K, r, r]
         self.r = coords.r
         self.kind = preconditioner

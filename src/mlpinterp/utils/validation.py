@@ -64,3 +64,17 @@ def check_shape(arr: np.ndarray, name: str, shape: Sequence[int | None]) -> np.n
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name} must have shape {want}, got {list(arr.shape)}")
     return arr
+
+
+def as_inputs(X, d_in: int) -> tuple[np.ndarray, bool]:
+    """Validate inputs ``X [n, d_in]`` (or a single ``[d_in]``) for a model; returns ``(X [n, d_in], was_single)``.
+
+    Raises ``TypeError``/``ValueError`` naming ``X`` for non-numeric, non-finite or mis-shaped input.
+    """
+    X = to_numpy(X, "X")
+    single = X.ndim == 1
+    if single:
+        X = X[None]
+    if X.ndim != 2 or X.shape[1] != d_in:
+        raise ValueError(f"X must have shape [n, d_in={d_in}], got {list(X.shape)}")
+    return X, single
