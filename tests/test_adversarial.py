@@ -561,8 +561,9 @@ def test_ols_off_support_is_the_projection_extension(rng):
 
 
 @_xfail(
-    "a mixture of point masses (all covariances 0) with degree 2 and method='cg' raises numpy LinAlgError "
-    "'Singular matrix' (poly/mixture_quadratic.py; rank-0 support); auto/dense return the right answer"
+    "method='cg' on a mixture of point masses (rank-1 support, singular quadratic Gram): no longer raises, but "
+    "preconditioned CG on the singular normal equations returns a wrong polynomial (error 1.7 at seed 0) while "
+    "its FVU-based stopping rule reports convergence (poly/mixture_quadratic.py); auto and dense are exact here"
 )
 def test_point_mass_mixture_cg(rng):
     net = _mlp(rng, act="silu")
@@ -570,14 +571,9 @@ def test_point_mass_mixture_cg(rng):
     mix = mi.GaussianMixture([0.5, 0.5], means, np.zeros((2, D_IN, D_IN)))
     # exact answer: with two support points an affine p interpolates f at both, and that is optimal
     np.testing.assert_allclose(mi.fit_polynomial(net, mix, 2, method="auto")(means), net(means), atol=1e-10)
-    np.testing.assert_allclose(mi.fit_polynomial(net, mix, 2, method="cg")(means), net(means), atol=1e-8)
+    np.testing.assert_allclose(mi.fit_polynomial(net, mix, 2, method="cg")(means), net(means), atol=1e-6)
 
 
-@_xfail(
-    "method='sgd' returns a NaN polynomial without any error when the step size diverges (lr=1e6), and n_eval=1 "
-    "crashes with ZeroDivisionError (poly/sgd.py fit_sgd: raise when the loss/FVU becomes non-finite, validate "
-    "n_eval >= 2)"
-)
 @pytest.mark.parametrize("kw", [{"lr": 1e6}, {"n_eval": 1}])
 def test_sgd_divergence_and_n_eval(rng, kw):
     net = _mlp(rng)

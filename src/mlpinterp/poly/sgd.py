@@ -104,6 +104,8 @@ def fit_sgd(
     for name, v in dict(steps=steps, batch_size=batch_size, eval_every=eval_every, n_eval=n_eval).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if n_eval < 2:
+        raise ValueError(f"n_eval must be >= 2 (the held-out FVU needs a variance), got {n_eval}")
     lr = DEFAULT_LR[optimizer] if lr is None else lr
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
@@ -155,6 +157,8 @@ def fit_sgd(
         Xb = torch.as_tensor(X, device=dev, dtype=tdtype)
         opt.zero_grad(set_to_none=True)
         loss = ((_poly_forward(params, Xb) - y) ** 2).sum(1).mean()
+        if not torch.isfinite(loss):
+            raise ValueError(f"the hybrid SGD diverged at step {step} (non-finite loss {float(loss)}); lower lr (got {lr})")
         loss.backward()
         opt.step()
         if dev.type == "cuda":
@@ -175,6 +179,8 @@ def fit_sgd(
         bar.close()
     if history[-1]["step"] != step:
         history.append({"step": step, "wall_time_s": t_train, "fvu": evaluate()})
+    if not np.isfinite(history[-1]["fvu"]):
+        raise ValueError(f"the hybrid SGD diverged (non-finite held-out FVU after {step} steps); lower lr (got {lr})")
     opt.eval()
     tensors = tuple(p.detach().to("cpu", torch.float64).numpy().copy() for p in params)
     if degree == 2:
