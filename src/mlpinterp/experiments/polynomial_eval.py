@@ -98,23 +98,28 @@ def evaluate_checkpoint(network, inputs: EvalInputs, *, quadratic_mixture: bool 
     return res, approx
 
 
-def svd_attack(network, approximants: dict, X_train, X_test, y_test, *, k_max: int = 10, seed: int = 0) -> dict:
+def svd_attack(network, approximants: dict, X_train, X_test, y_test, *, input_cov: np.ndarray, k_max: int = 10,
+               seed: int = 0) -> dict:
     """Test accuracy of the network and approximants as k = 0..k_max input directions are projected out.
 
-    Directions (Rigg & Belrose 2025, §4.3): the top-k right singular vectors of the linear coefficients
-    of ``approximants["linear_mixture"]``; baselines: k random orthonormal directions and the top-k PCA
-    directions of the training data. Returns ``{method: {model: [acc_k for k in 0..k_max]}}``.
+    Directions (Rigg & Belrose 2025, §4.3): ``svd``: the top-k right singular vectors of the linear
+    approximant's coefficients mapped through the input covariance, ``B Sigma = Cov(f, x)`` (``B`` from
+    ``approximants["linear_mixture"]``, ``Sigma = input_cov [d_in, d_in]``); ``svd-raw``: those of ``B`` itself,
+    which under real-image covariances are dominated by nearly constant pixels (``B`` contains ``Sigma^-1``);
+    baselines: k random orthonormal directions and the top-k PCA directions of the training data.
+    Returns ``{method: {model: [acc_k for k in 0..k_max]}, "k": [...]}``.
     """
     lin = approximants["linear_mixture"]
+    B = lin.coefficients(1)
     d = X_test.shape[1]
-    k_max = min(k_max, min(lin.coefficients(1).shape))
+    k_max = min(k_max, min(B.shape))
     dirs = {
-        "svd": top_singular_directions(lin, k_max),
+        "svd": top_singular_directions(B @ input_cov, k_max),
+        "svd-raw": top_singular_directions(B, k_max),
         "random": random_directions(d, k_max, seed),
         "pca": pca_directions(X_train, k_max),
     }
     models = {"network": network, **{k: v for k, v in approximants.items() if k.endswith("mixture")}}
-    # (the mixture quadratic may be absent when it was skipped at this scale)
     out: dict = {}
     for method, V in dirs.items():
         out[method] = {m: [] for m in models}

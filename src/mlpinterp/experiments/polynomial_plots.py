@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlpinterp.poly.spectral import ablate, top_singular_directions  # noqa: E402
+from mlpinterp.poly.spectral import ablate  # noqa: E402
 
 STYLE = {
     "linear_mixture": dict(color="tab:blue", ls="-", label="linear (mixture, exact)"),
@@ -83,29 +83,27 @@ def _features_figure(per_seed, data, path):
 def _attack_figure(res, path):
     att = res["attack"]
     ks = att["k"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    titles = {"svd": "top-k SVD directions of the linear approximant", "random": "k random directions",
-              "pca": "top-k PCA directions of the data"}
-    for ax, method in zip(axes, ("svd", "random", "pca"), strict=True):
+    methods = [m for m in ("svd", "svd-raw", "random", "pca") if m in att]
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 4), sharey=True, squeeze=False)
+    titles = {"svd": "top-k SVD directions of B Σ = Cov(f, x)", "svd-raw": "top-k SVD directions of raw B",
+              "random": "k random directions", "pca": "top-k PCA directions of the data"}
+    for ax, method in zip(axes[0], methods, strict=True):
         for model, d in att[method].items():
             _band(ax, ks, d, STYLE[model])
         ax.axhline(1.0 / res["dataset"]["n_classes"], color="gray", ls=":", label="chance")
         ax.set_title(titles[method], fontsize=10)
         ax.set_xlabel("k ablated directions")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy")
-    axes[0].legend(fontsize=8)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10)):
-    z = np.load(per_seed[0]["features"])
-    fin = int(z["steps"][-1])
-    B = z[f"linear_{fin}"]
-    ks = [k for k in ks if k <= min(B.shape)]
-    V = top_singular_directions(B, max(ks))
+    V = np.load(per_seed[0]["features"])["attack_directions"]  # top SVD directions of Cov(f, x), as in the attack
+    ks = [k for k in ks if k <= V.shape[1]]
     X = data.X_test[:6].astype(np.float64)
     fig, axes = plt.subplots(len(X), len(ks), figsize=(1.4 * len(ks), 1.4 * len(X)), squeeze=False)
     for j, k in enumerate(ks):
@@ -116,7 +114,7 @@ def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10)):
             axes[i][j].set_yticks([])
             if i == 0:
                 axes[i][j].set_title(f"k = {k}", fontsize=8)
-    fig.suptitle("Test images with the top-k SVD directions projected out (seed 0)", fontsize=9)
+    fig.suptitle("Test images with the top-k SVD directions of Cov(f, x) projected out (seed 0)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -29,7 +29,7 @@ from mlpinterp.data import load_dataset
 from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
-from mlpinterp.poly.spectral import quadratic_spectrum
+from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
 from mlpinterp.utils.io import atomic_write_json
 
 DATASET_DEFAULTS = {
@@ -198,7 +198,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
         attack = json.loads(attack_file.read_text())
     else:
         attack = svd_attack(net, final_approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
-                            k_max=r["attack_k"], seed=seed)
+                            input_cov=inputs.mixture.cov, k_max=r["attack_k"], seed=seed)
         atomic_write_json(attack_file, attack)
     feat_file = seed_dir / "features.npz"
     if not feat_file.exists():
@@ -216,7 +216,9 @@ def _save_features(path: Path, ck_dir: Path, inputs: EvalInputs, steps: list[int
     for s in pick[:-1]:
         model, _ = load_classifier(ck_dir / f"step_{s:07d}.safetensors")
         arrays[f"linear_{s}"] = fit_polynomial(model.to_network(), inputs.mixture, 1).coefficients(1)
-    arrays[f"linear_{pick[-1]}"] = final_approx["linear_mixture"].coefficients(1)
+    B = final_approx["linear_mixture"].coefficients(1)
+    arrays[f"linear_{pick[-1]}"] = B
+    arrays["attack_directions"] = top_singular_directions(B @ inputs.mixture.cov, min(10, *B.shape))  # as svd_attack
     spec = quadratic_spectrum(final_approx["quadratic_mixture"])
     arrays[f"eigvals_{pick[-1]}"] = spec.eigenvalues[:, :n_eig]
     arrays[f"eigvecs_{pick[-1]}"] = np.transpose(spec.eigenvectors[:, :, :n_eig], (0, 2, 1))
