@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.data import load_dataset
-from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, svd_attack
+from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
@@ -191,8 +191,13 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     model, _ = load_classifier(final_path)
     net = model.to_network()
     if final_approx is None:
-        final_approx = {name: load_polynomial(ap_dir / f"{name}.safetensors")
-                        for name in curves[-1]["approximants"]}
+        names = list(curves[-1]["approximants"])
+        if all((ap_dir / f"{name}.safetensors").exists() for name in names):
+            final_approx = {name: load_polynomial(ap_dir / f"{name}.safetensors") for name in names}
+        else:  # saved approximants missing (deleted, or a run directory from an older version): refit once
+            final_approx, _ = fit_approximants(net, inputs)
+            for name, p in final_approx.items():
+                p.save(ap_dir / name)
     attack_file = seed_dir / "attack.json"
     if attack_file.exists():
         attack = json.loads(attack_file.read_text())
