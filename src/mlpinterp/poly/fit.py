@@ -28,9 +28,11 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         Under one ``Gaussian``: ``"auto"``/``"ridge"`` (per-neuron Hermite truncation, any degree, factored
         ``RidgePolynomial``) or ``"ols"`` (the paper's route: monomial features, master-theorem
         cross-moments, Isserlis feature covariance; small d_in only; returns ``DensePolynomial``).
-        Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"``/``"cg"``
-        (matrix-free preconditioned CG) or ``"dense"``; degree >= 3 ``"dense"``; ``"sgd"`` the paper's
-        hybrid (N(0, I) init + schedule-free SGD on mixture samples), for comparison.
+        Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"`` is a dense
+        Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 (``poly/mixture_gram.py``), else
+        matrix-free preconditioned CG (``"cg"``, ``poly/mixture_quadratic.py``); ``"dense"`` builds the monomial
+        Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
+        schedule-free SGD on mixture samples), for comparison only.
     options : passed to the solver (``tol``, ``maxiter``, ``device``, ``dtype``, ...).
 
     Returns
