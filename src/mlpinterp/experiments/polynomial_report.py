@@ -199,7 +199,9 @@ def _markdown(res: dict) -> str:
         f"Setup: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test, d_in = {ds['d_in']}), width {c['d_hidden']}, "
         f"{c['activation']}, schedule-free AdamW lr {c['lr']}, weight decay 0.1, batch 64, warm-up {c['warmup_steps']}, "
         f"{c['steps']} steps, {res['seeds']} seeds; Monte Carlo under the mixture with {c['mc_samples']} samples; "
-        f"wall time {res.get('wall_seconds', float('nan')):.0f} s.",
+        f"wall time {res.get('wall_seconds', float('nan')):.0f} s. Exact mixture quadratic fitted at "
+        + ("every checkpoint." if None not in res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"]
+           else "the final checkpoint only (matrix-free CG; `--quadratic-mixture-steps all` fits every checkpoint)."),
         "",
         "## Claims",
         "",
