@@ -46,7 +46,7 @@ def part1() -> None:
     print("== exact fit, d_in 784, d_hidden 1024, d_out 10, full covariance ==")
     net, g = random_problem(784, 1024, 10)
     for degree in (1, 2, 3):
-        def fit_and_use():
+        def fit_and_use(degree=degree):
             p = fit_polynomial(net, g, degree)
             if degree <= 2:
                 for k in range(degree + 1):
