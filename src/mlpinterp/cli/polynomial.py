@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,13 +10,13 @@ import numpy as np
 import typer
 
 
-class DatasetName(str, Enum):
+class DatasetName(StrEnum):
     digits = "digits"
     mnist = "mnist"
     fashion_mnist = "fashion-mnist"
 
 
-class DistName(str, Enum):
+class DistName(StrEnum):
     standard = "standard"
     gaussian = "gaussian"
     mixture = "mixture"
