@@ -38,9 +38,12 @@ def hermite_he(n: int, z) -> np.ndarray:
         TypeError: ``n`` not an int, ``z`` not numeric.
         ValueError: ``n < 0`` or ``z`` contains NaN / inf.
     """
-    n = _check_degree(n)
-    z = to_numpy(z, "z")
-    out = np.empty(z.shape + (n + 1,), dtype=np.float64)
+    return he_stack(_check_degree(n), to_numpy(z, "z"))
+
+
+def he_stack(n: int, z: np.ndarray) -> np.ndarray:
+    """``hermite_he`` without input validation (for internal callers): ``[..., n + 1]``, three-term recurrence."""
+    out = np.empty(np.shape(z) + (n + 1,), dtype=np.float64)
     out[..., 0] = 1.0
     if n >= 1:
         out[..., 1] = z

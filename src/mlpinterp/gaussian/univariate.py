@@ -57,6 +57,7 @@ import numpy as np
 from scipy import special
 
 from mlpinterp.gaussian.activations import _GELU_TANH_C, Activation, get_activation, leaky_slope
+from mlpinterp.gaussian.hermite import he_stack
 from mlpinterp.utils.validation import to_numpy
 
 __all__ = [
@@ -152,17 +153,6 @@ def _pdf(x):
     return np.exp(-0.5 * np.square(x)) / _SQRT2PI
 
 
-def _he(n: int, x: np.ndarray) -> np.ndarray:
-    """He_0..He_n at x (no validation): [..., n + 1]."""
-    out = np.empty(np.shape(x) + (n + 1,))
-    out[..., 0] = 1.0
-    if n >= 1:
-        out[..., 1] = x
-    for k in range(1, n):
-        out[..., k + 1] = x * out[..., k] - k * out[..., k - 1]
-    return out
-
-
 def _tail_j(t: np.ndarray, nmax: int) -> np.ndarray:
     """J_n(t) = int_0^inf u^n exp(-t u - u^2/2) du for t in [0, 40], n = 0..nmax: [N, nmax + 1].
 
@@ -245,7 +235,7 @@ def _relu_hermite_e(mu, s, n):
     if n >= 2:
         ph = _pdf(h)
         live = ph > 0  # where pdf(h) underflows the term is 0 (He_{k-2}(-h) may overflow)
-        out[:, 2:] = np.where(live[:, None], (s * ph)[:, None] * _he(n - 2, np.where(live, -h, 0.0)), 0.0)
+        out[:, 2:] = np.where(live[:, None], (s * ph)[:, None] * he_stack(n - 2, np.where(live, -h, 0.0)), 0.0)
     return out
 
 
@@ -256,7 +246,7 @@ def _relu_derivs(mu, s, j):
         return special.ndtr(h)
     ph = _pdf(h)
     live = ph > 0
-    he = _he(j - 2, np.where(live, -h, 0.0))[:, j - 2]
+    he = he_stack(j - 2, np.where(live, -h, 0.0))[:, j - 2]
     with np.errstate(divide="ignore", over="ignore"):
         return np.where(live, he * ph / s ** (j - 1), 0.0)
 
@@ -280,7 +270,7 @@ def _gelu_derivs(mu, s, n, sigma_power: bool = False):
     if n >= 2:
         pm = _pdf(m)
         live = pm > 0
-        he = _he(n, np.where(live, m, 0.0))
+        he = he_stack(n, np.where(live, m, 0.0))
         k = np.arange(2, n + 1)
         base = s / t if sigma_power else 1.0 / t  # s^k / t^{k+1} = (s/t)^k / t, no overflow
         pref = (-1.0) ** k * pm[:, None] * np.power.outer(base, k)
@@ -498,7 +488,7 @@ def _smooth_deriv(act: Activation, y: np.ndarray, j: int) -> np.ndarray | None:
     if fam == "gelu":
         if j == 1:
             return special.ndtr(y) + y * _pdf(y)
-        he = _he(j, y)
+        he = he_stack(j, y)
         return (-1.0) ** j * _pdf(y) * (he[..., j - 2] - he[..., j])
     if fam == "sigmoid":
         return _sigmoid_deriv(y, j)
@@ -734,7 +724,7 @@ def _delta_limit(terms: list[tuple[float, int]]) -> float:
     """lim_{sigma -> 0+} sum_i a_i He_{r_i}(0) pdf(0) / sigma^(r_i + 1): 0 or +-inf."""
     best_r, best = -1, 0.0
     for a, r in terms:
-        he0 = _he(r, np.zeros(1))[0, r]
+        he0 = he_stack(r, np.zeros(1))[0, r]
         if a * he0 != 0 and r > best_r:
             best_r, best = r, a * he0
     return float(np.sign(best) * np.inf) if best != 0 else 0.0
@@ -761,7 +751,7 @@ def _numeric_derivative_ev(act, fam, mu, s, j):
         val = _quad_moments(lambda y: _smooth_deriv(act, y, j), act.kinks, m, sg, 0)[:, 0]
         if fam == "elu":  # elu^{(m)} jumps by -1 at 0 for m >= 2: elu^{(j)} += -sum_{r=0}^{j-3} delta^{(r)}
             c = -m / sg
-            he = _he(max(j - 3, 0), c)
+            he = he_stack(max(j - 3, 0), c)
             for r in range(j - 2):
                 val = val - he[:, r] * _pdf(c) / sg ** (r + 1)
         out[use_quad] = val
