@@ -25,12 +25,11 @@ import scipy.linalg
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network
 from mlpinterp.poly.approximant import DensePolynomial
+from mlpinterp.poly.mixture_quadratic import SupportCoordinates
 from mlpinterp.poly.ridge import fit_ridge
 
 #: Largest number of quadratic features (r+1)(r+2)/2 handled here.
 MAX_FEATURES = 5000
-#: Eigenvalues of the pooled covariance below this fraction of the largest define the null space.
-SUPPORT_RTOL = 1e-10
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -91,19 +90,13 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
     cached = _CACHE.get(mixture)
     if cached is not None:
         return cached
-    mean = mixture.mean
-    w, V = np.linalg.eigh(mixture.cov)
-    keep = w > SUPPORT_RTOL * w[-1]
-    V, w = V[:, keep], w[keep]
-    r = V.shape[1]
+    coords = SupportCoordinates.of(mixture)  # whitened support coordinates, shared with the CG solver
+    r = coords.r
     if feature_count(r) > MAX_FEATURES:
         raise ValueError(f"the cached dense quadratic solve needs {feature_count(r)} features (support dimension "
                          f"r = {r}), more than MAX_FEATURES = {MAX_FEATURES}; use method='cg'")
-    W = (V / np.sqrt(w)).T
-    Winv = V * np.sqrt(w)
     iu = np.triu_indices(r)
-    grams = np.stack([_component_gram(W @ (m - mean), W @ S @ W.T, iu)
-                      for m, S in zip(mixture.means, mixture.covs, strict=True)])
+    grams = np.stack([_component_gram(a, C, iu) for a, C in zip(coords.means, coords.covs, strict=True)])
     G = np.einsum("k,kab->ab", mixture.weights, grams)
     try:  # positive definite in the usual case: Cholesky is ~10x cheaper than an eigendecomposition
         chol = scipy.linalg.cho_factor(G, lower=True)
@@ -116,7 +109,7 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
         ev, evec = ev[keep], evec[:, keep]
         solve = lambda rhs: evec @ ((evec.T @ rhs) / ev[:, None])
         condition, how = float(ev[-1] / ev[0]), "eigh (singular Gram: minimum-norm)"
-    f = _Factorised(mean, W, Winv, iu, grams, G, solve, condition, how)
+    f = _Factorised(coords.mean, coords.P.T, coords.R, iu, grams, G, solve, condition, how)
     _CACHE[mixture] = f
     return f
 
