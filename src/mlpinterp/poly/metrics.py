@@ -11,6 +11,7 @@ Monte Carlo with a delta-method standard error.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +130,23 @@ def _check_variance(var_f: np.ndarray, scale: float, where: str) -> None:
         )
 
 
+#: network -> (distribution, E[phi(y_i) phi(y_j)], its error bound): the d_hidden^2 bivariate integrals depend on
+#: the network and the input law only, so FVUs of several approximants of one network reuse them.
+_PRODUCT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _product_moments(network: MLP, dist: Gaussian, m, s, rho) -> tuple[np.ndarray, np.ndarray]:
+    """E[phi(y_i) phi(y_j)] ``[h, h]`` and its error bound, cached per (network, distribution) object pair."""
+    from mlpinterp.gaussian.bivariate import gauss_product_ev
+
+    hit = _PRODUCT_CACHE.get(network)
+    if hit is not None and hit[0] is dist:
+        return hit[1], hit[2]
+    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho, return_error=True)
+    _PRODUCT_CACHE[network] = (dist, e2, err)
+    return e2, err
+
+
 def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.ndarray) -> FVUResult:
     """Exact FVU of a ``RidgePolynomial`` (any standard-normal directions, see ``_exact_layout``) under one Gaussian.
 
@@ -138,7 +156,6 @@ def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.nd
     Cov(He_k(z_i), He_l(z_j)) = delta_kl k! R_ij^k with R_ij = Corr(z_i, z_j). Neurons of p with z_j = 0 a.s.
     are constants sum_k D_jk He_k(0).
     """
-    from mlpinterp.gaussian.bivariate import gauss_product_ev
     from mlpinterp.gaussian.hermite import hermite_he
     from mlpinterp.gaussian.univariate import hermite_coefficients
 
@@ -153,7 +170,7 @@ def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.nd
     n = p.degree
     c = hermite_coefficients(network.act, m, s, n)
     e_phi = c[:, 0]
-    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho_y, return_error=True)
+    e2, err = _product_moments(network, dist, m, s, rho_y)
     C = e2 - np.outer(e_phi, e_phi)
     C = np.where(np.outer(s > 0, s > 0), C, 0.0)  # constant neurons have exactly zero covariance
     W2, P = network.W2, p.W2
