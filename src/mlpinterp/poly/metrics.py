@@ -265,12 +265,6 @@ def kl_divergence(network, p, X) -> tuple[float, float]:
     return kl_from_outputs(network(X), p(X))
 
 
-def kl_divergence_under(network, p, distribution, *, n_samples: int = 100_000, seed: int = 0) -> tuple[float, float]:
-    """Monte Carlo KL (nats) under ``distribution`` with its standard error."""
-    X = distribution.sample(n_samples, np.random.default_rng(seed))
-    return kl_divergence(network, p, X)
-
-
 def top1_agreement(network, p, X) -> float:
     """Fraction of inputs on which ``argmax f(x) == argmax p(x)``."""
     network = validate_network(network)
