@@ -14,8 +14,9 @@ from mlpinterp.apd import (
     attributions,
     attributions_reference,
     batch_topk_mask,
+    closed_form_applies,
     faithfulness_loss,
-    is_residual_mlp,
+    is_tms,
     lp_minimality_loss,
     lp_simplicity_loss,
     minimality_loss,
@@ -280,7 +281,7 @@ def test_batched_attributions_equal_reference(source):
         ref = attributions_reference(model, comps, x, source)
         scale = ref.abs().max()
         assert scale > 0
-        methods = ["forward", "closed"] if is_residual_mlp(model, comps) else ["forward"]
+        methods = ["forward", "closed"] if closed_form_applies(model, comps) else ["forward"]
         for method in methods:
             fast = attributions(model, comps, x, source, method=method)
             assert fast.shape == (x.shape[0], 7)
@@ -289,10 +290,12 @@ def test_batched_attributions_equal_reference(source):
         torch.testing.assert_close(chunked, ref, atol=1e-5 * scale, rtol=1e-5)
 
 
-def test_closed_form_only_for_residual_mlps():
-    model, targets, x = _models()[0]
+def test_closed_form_only_for_residual_mlps_and_tms():
+    tms, _, _ = _models()[0]
+    assert is_tms(tms, Components(resolve_sites(tms, ["W"]), C=2))
+    model, targets, x = _models()[2]
     comps = Components(resolve_sites(model, targets), C=2)
-    assert not is_residual_mlp(model, comps)
+    assert not closed_form_applies(model, comps)
     with pytest.raises(ValueError, match="residual-MLP"):
         attributions(model, comps, x, method="closed")
     with pytest.raises(ValueError, match="method"):

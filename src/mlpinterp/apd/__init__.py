@@ -8,7 +8,13 @@ Main entry points: :func:`decompose` with an :class:`APDConfig`; :func:`attribut
 :func:`attributions_reference` (per-output loop); metrics :func:`mmcs_ml2r`, :func:`scrubbing`.
 """
 
-from mlpinterp.apd.attributions import attributions, attributions_reference, is_residual_mlp
+from mlpinterp.apd.attributions import (
+    attributions,
+    attributions_reference,
+    closed_form_applies,
+    is_residual_mlp,
+    is_tms,
+)
 from mlpinterp.apd.components import Components, Site, resolve_sites, target_weight
 from mlpinterp.apd.forward import capture_outputs, run_with_components
 from mlpinterp.apd.losses import (
@@ -35,7 +41,7 @@ from mlpinterp.apd.train import APDConfig, APDResult, apd_losses, decompose, lr_
 __all__ = [
     "APDConfig", "APDResult", "Components", "ScrubbingResult", "Site", "act_recon_loss", "activation_frequency",
     "apd_losses", "attributions", "attributions_reference", "batch_topk_mask", "capture_outputs",
-    "component_schatten", "decompose", "is_residual_mlp", "faithfulness_loss", "lp_minimality_loss", "lp_simplicity_loss", "lr_at",
+    "closed_form_applies", "component_schatten", "decompose", "is_residual_mlp", "is_tms", "faithfulness_loss", "lp_minimality_loss", "lp_simplicity_loss", "lr_at",
     "minimality_loss", "mmcs_ml2r", "per_feature_mse", "resolve_sites", "responsible_components",
     "run_with_components", "schatten_pp", "scrubbing", "select_mask", "simplicity_loss", "target_weight",
     "topk_mask", "with_overrides",

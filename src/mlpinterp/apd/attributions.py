@@ -23,10 +23,13 @@ The inner sum is the directional derivative of ``f`` along ``P_c``. Three ways t
   ``W_U d r_L = M_c z`` with ``z = (d h_j, B_out_j h_j)_j`` (length ``D = L (d_mlp + m)``), the squared norm is
   ``z^T (M_c^T M_c) z`` with a ``D x D`` Gram matrix when ``d_out > D``. Per-sample cost
   ``O(C (L^2 d_mlp^2 + D min(D, d_out)))`` instead of ``O(C d_resid (d_mlp + d_out))``.
+- ``method="closed"`` also covers the tied-weight TMS ``f = ReLU(W^T W x + b)`` (decomposed site ``W``): the
+  tangent is ``1[pre > 0] * (P_c^T (W x) + W^T (P_c x))``, three GEMMs over all components at once
+  (``O(batch C d_hidden n_features)``, no autograd).
 - :func:`attributions_reference`: the paper's algorithm, one reverse-mode backward pass per output dimension
   (kept as the oracle and for benchmarks).
 
-``method="auto"`` picks ``"closed"`` when the model qualifies (:func:`is_residual_mlp`), else ``"forward"``.
+``method="auto"`` picks ``"closed"`` when the model qualifies (:func:`closed_form_applies`), else ``"forward"``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,19 @@ def is_residual_mlp(model: nn.Module, comps: Components) -> bool:
     return all(s.kind == "linear" and s.name in names for s in comps.sites)
 
 
+def is_tms(model: nn.Module, comps: Components) -> bool:
+    """Whether ``model`` is a :class:`~mlpinterp.toys.tms.TMS` whose only decomposed site is its tied ``W``."""
+    from mlpinterp.toys.tms import TMS
+
+    return (isinstance(model, TMS) and len(comps.sites) == 1 and comps.sites[0].kind == "param"
+            and comps.sites[0].name == "W")
+
+
+def closed_form_applies(model: nn.Module, comps: Components) -> bool:
+    """Whether ``method="closed"`` is available: a residual-MLP stack (:func:`is_residual_mlp`) or TMS (:func:`is_tms`)."""
+    return is_residual_mlp(model, comps) or is_tms(model, comps)
+
+
 def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: str = "target",
                  chunk_size: int | None = None, method: str = "auto") -> torch.Tensor:
     """Batched gradient attributions ``[batch, C]`` (all outputs and components at once).
@@ -78,10 +94,12 @@ def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: s
     base = _check_source(source)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    closed_ok = is_residual_mlp(model, comps)
+    closed_ok = closed_form_applies(model, comps)
     if method == "closed" and not closed_ok:
         raise ValueError("method='closed' needs a residual-MLP model (see is_residual_mlp) with only its "
-                         "mlp_in/mlp_out Linear layers as targets")
+                         "mlp_in/mlp_out Linear layers as targets, or a TMS with only W decomposed")
+    if (method == "closed" or (method == "auto" and closed_ok)) and is_tms(model, comps):
+        return _closed_tms(model, comps, x, base)
     if method == "closed" or (method == "auto" and closed_ok):
         # chunks of 256 samples keep the [C, chunk, D] intermediates cache-sized (memory-bound otherwise)
         return torch.cat([_closed_residual_mlp(model, comps, xc, base) for xc in x.split(256)])
@@ -125,6 +143,24 @@ def _forward_mode(model: nn.Module, comps: Components, x: torch.Tensor, base: bo
     with _patched(model, comps, state):
         J = torch.func.vmap(tangent_out, chunk_size=chunk_size)(torch.arange(C, device=x.device))
     return J.pow(2).flatten(2).sum(-1).T  # [C, batch, ...] -> [batch, C]
+
+
+def _closed_tms(model: nn.Module, comps: Components, x: torch.Tensor, base: bool) -> torch.Tensor:
+    A, B = comps.factors("W")  # [C, d_h, m], [C, m, n]
+    P = torch.bmm(A, B)  # [C, d_h, n]
+    C, d_h, n = P.shape
+    W = model.W.to(x.dtype) if base else P.sum(0)
+    P_rows, P_cols = P.reshape(C * d_h, n).T, P.permute(1, 0, 2).reshape(d_h, C * n)
+
+    def chunk(xc: torch.Tensor) -> torch.Tensor:  # 512 samples keep [chunk, C, n] cache-sized
+        h = xc @ W.T  # [b, d_h]
+        mask = (h @ W + model.b > 0).to(x.dtype)  # [b, n]
+        d_pre = ((xc @ P_rows).reshape(-1, d_h) @ W).reshape(-1, C, n)  # W^T P_c x
+        d_pre += (h @ P_cols).reshape(-1, C, n)  # + P_c^T h
+        d_pre *= mask[:, None, :]
+        return torch.linalg.vecdot(d_pre, d_pre)  # [b, C]
+
+    return torch.cat([chunk(xc) for xc in x.split(512)])
 
 
 def _closed_residual_mlp(model: nn.Module, comps: Components, x: torch.Tensor, base: bool) -> torch.Tensor:
