@@ -29,7 +29,7 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
                               "--steps", "4", "--quick", "--quiet", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert {r["condition"] for r in metrics["runs"]} == {"baseline", "reinit", "mfr"}
+    assert {r["condition"] for r in metrics["runs"]} == {"baseline", "reinit", "mfr", "mfr_alpha0.1"}
     # 4 steps < one inactivity window: no check, so the reinit run is provably the baseline run and is reused
     reinit = next(r for r in metrics["runs"] if r["condition"] == "reinit")
     base = next(r for r in metrics["runs"] if r["condition"] == "baseline")
@@ -48,6 +48,18 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
     other = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--steps", "5", "--quick",
                                 "--quiet", "--out", str(tmp_path)])
     assert other.exit_code != 0 and "different settings (steps)" in str(other.exception)
+
+
+def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights():
+    from mlpinterp.experiments.mfr import conditions
+
+    got = conditions(("baseline", "mfr"), None, (0.1, 0.01))
+    assert got == {"baseline": (False, False, None), "mfr": (True, True, None), "mfr_alpha0.1": (True, True, 0.1),
+                   "mfr_alpha0.01": (True, True, 0.01)}
+    with pytest.raises(ValueError, match="extra_alphas"):
+        conditions(("mfr",), None, (-1.0,))
+    res = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--extra-alpha", "nan", "--out", "unused"])
+    assert res.exit_code != 0
 
 
 def test_reproduce_mfr_rejects_unknown_setting(tmp_path):

@@ -28,10 +28,11 @@ def text_dir(tmp_path):
 
 def test_minilm_experiment_tiny(tmp_path, text_dir):
     m = run_minilm(tmp_path / "out", MinilmExperiment(**TINY), quiet=True, text_dir=text_dir)
-    assert {r["condition"] for r in m["runs"]} == {"baseline", "mfr"}
+    assert {r["condition"] for r in m["runs"]} == {"baseline", "mfr", "mfr_alpha0.1"}
+    assert {r["condition"]: r["alpha"] for r in m["runs"]}["mfr_alpha0.1"] == 0.1
     r = m["runs"][0]
     assert len(r["cosine_recovered"]) == 2 and all(-1.5 < v <= 1.0 for v in r["cosine_recovered"])
-    assert "4" in m["improvement_pct"]
+    assert set(m["improvement_pct"]) == {"mfr", "mfr_alpha0.1"} and "4" in m["improvement_pct"]["mfr"]
     assert "cosine recovered" in (tmp_path / "out" / "report.md").read_text()
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["setting"] == "minilm"
     assert (tmp_path / "out" / "minilm_summary.png").exists()

@@ -54,12 +54,15 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream)."),
         n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
         alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
+        extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
+                                                "mfr_alpha<a>; repeat for several; a negative value: none."),
     ) -> None:
         """Reproduce Marks et al. 2024 (MFR): figures, metrics.json and report.md in OUT."""
         from mlpinterp.experiments import mfr as exp_mod
 
         ks = _k_values(k, ctx.args)
         kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
+              "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
               **({"steps": steps} if steps else {})}
         if setting == "synthetic":
             exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
