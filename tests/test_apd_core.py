@@ -330,13 +330,13 @@ def test_attributions_match_finite_differences():
 
 
 def test_attributions_are_differentiable_and_bad_source():
-    model, targets, x = _models()[1]
-    for method in ("forward", "closed"):
-        comps = Components(resolve_sites(model, targets), C=3, m=1)
-        attributions(model, comps, x, method=method).sum().backward()
-        grads = [p.grad for p in comps.parameters()]
-        assert all(g is not None and torch.isfinite(g).all() for g in grads)
-        assert any(g.abs().sum() > 0 for g in grads)
+    for model, targets, x in _models()[:2]:  # TMS and resid-MLP: both have a closed form
+        for method, source in (("forward", "target"), ("closed", "target"), ("closed", "apd")):
+            comps = Components(resolve_sites(model, targets), C=3, m=1)
+            attributions(model, comps, x, source, method=method).sum().backward()
+            grads = [p.grad for p in comps.parameters()]
+            assert all(g is not None and torch.isfinite(g).all() for g in grads)
+            assert any(g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="source"):
         attributions(model, comps, x, "model")
 
@@ -353,3 +353,14 @@ def test_from_weights_shape_and_rank_errors():
         Components.from_weights(sites, {**good, "V": torch.zeros(3, 3, 3)})
     with pytest.raises(ValueError, match="needs rank 3 > m=1"):
         Components.from_weights(sites, {**good, "V": torch.randn(2, 3, 3)}, m=1)
+
+
+def test_closed_form_gradients_equal_forward_mode_gradients():
+    """The Lp variant differentiates attributions: the closed forms must give the autograd-of-jvp gradients."""
+    for model, targets, x in _models()[:2]:
+        grads = {}
+        for method in ("forward", "closed"):
+            comps = Components(resolve_sites(model, targets), C=3, m=2, generator=torch.Generator().manual_seed(4))
+            attributions(model, comps, x, "apd", method=method).add(1e-2).log().sum().backward()
+            grads[method] = torch.cat([p.grad.flatten() for p in comps.parameters()])
+        torch.testing.assert_close(grads["closed"], grads["forward"], rtol=1e-4, atol=1e-6 * grads["forward"].abs().max())
