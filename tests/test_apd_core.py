@@ -345,7 +345,7 @@ def test_from_weights_shape_and_rank_errors():
     m = _frozen(Mixed())
     sites = resolve_sites(m, ["lin", "V"])
     good = {"lin": torch.zeros(2, 3, 4), "V": torch.zeros(2, 3, 3)}
-    with pytest.raises(ValueError, match=r"weights\['lin'\] must have shape \[C, 3, 4\]"):
+    with pytest.raises(ValueError, match=r"weights\['lin'\] must have shape \[C >= 1, 3, 4\]"):
         Components.from_weights(sites, {**good, "lin": torch.zeros(2, 4, 3)})
     with pytest.raises(ValueError, match="lacks site 'V'"):
         Components.from_weights(sites, {"lin": good["lin"]})

@@ -88,10 +88,22 @@ def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: s
 
     Raises
     ------
+    TypeError
+        If ``x`` is not a floating-point tensor.
     ValueError
-        If ``source`` or ``method`` is unknown, or ``method="closed"`` for a model that does not qualify.
+        If ``source`` or ``method`` is unknown, ``method="closed"`` for a model that does not qualify, ``x`` has
+        no batch dimension or non-finite values, or ``chunk_size`` is not a positive int.
     """
     base = _check_source(source)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor [batch, ...], got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.ndim < 2 or x.shape[0] < 1:
+        raise ValueError(f"x must have shape [batch >= 1, ...], got {list(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"x contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     closed_ok = closed_form_applies(model, comps)

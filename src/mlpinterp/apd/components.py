@@ -45,8 +45,11 @@ def resolve_sites(model: nn.Module, targets: Sequence[str]) -> list[Site]:
     ValueError
         If ``targets`` is empty, has duplicates, or names neither an ``nn.Linear`` module nor a 2-D parameter.
     """
-    if isinstance(targets, str) or not all(isinstance(t, str) for t in targets):
-        raise TypeError(f"targets must be a sequence of module/parameter names (str), got {targets!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if (isinstance(targets, str) or not isinstance(targets, Sequence)
+            or not all(isinstance(t, str) for t in targets)):
+        raise TypeError(f"targets must be a sequence (list/tuple) of module/parameter names (str), got {targets!r}")
     if len(targets) == 0:
         raise ValueError("targets must name at least one nn.Linear module or 2-D parameter, got []")
     if len(set(targets)) != len(targets):
@@ -82,6 +85,9 @@ def target_weight(model: nn.Module, site: Site) -> torch.Tensor:
     return model.get_parameter(site.name)
 
 
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
 def _key(name: str) -> str:
     return name.replace(".", "__")
 
@@ -108,8 +114,21 @@ class Components(nn.Module):
     def __init__(self, sites: Sequence[Site], C: int, m: int | None | Mapping[str, int] = None,
                  init_scale: float = 1.0, generator: torch.Generator | None = None):
         super().__init__()
-        if not isinstance(C, int) or C <= 0:
+        if isinstance(C, bool) or not isinstance(C, int) or C <= 0:
             raise ValueError(f"C (number of components) must be a positive int, got {C!r}")
+        if isinstance(sites, (str, Site)) or not isinstance(sites, Sequence):
+            raise TypeError(f"sites must be a sequence of Site (from resolve_sites), got {type(sites).__name__}")
+        bad = [s for s in sites if not isinstance(s, Site)]
+        if bad:
+            raise TypeError(f"sites must hold Site objects (from resolve_sites), got {bad[0]!r}")
+        if len(sites) == 0:
+            raise ValueError("sites must hold at least one Site, got []")
+        if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not math.isfinite(init_scale):
+            raise ValueError(f"init_scale must be a finite real number, got {init_scale!r}")
+        if isinstance(m, Mapping):
+            unknown = sorted(set(m) - {s.name for s in sites})
+            if unknown:
+                raise ValueError(f"m names unknown sites {unknown}; sites: {[s.name for s in sites]}")
         self.sites = list(sites)
         self.C = C
         self.A = nn.ParameterDict()
@@ -117,7 +136,7 @@ class Components(nn.Module):
         for s in self.sites:
             ms = m.get(s.name) if isinstance(m, Mapping) else m
             ms = min(s.d_out, s.d_in) if ms is None else ms
-            if not isinstance(ms, int) or ms <= 0:
+            if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
                 raise ValueError(f"m (inner rank) for site {s.name!r} must be a positive int or None, got {ms!r}")
             A = torch.randn(C, s.d_out, ms, generator=generator) * (init_scale / math.sqrt(C * ms))
             B = torch.randn(C, ms, s.d_in, generator=generator) / math.sqrt(s.d_in)
@@ -127,6 +146,8 @@ class Components(nn.Module):
     def factors(self, site: Site | str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A, B)`` of ``site``: ``[C, d_out, m]`` and ``[C, m, d_in]``."""
         name = site.name if isinstance(site, Site) else site
+        if not isinstance(name, str) or _key(name) not in self.A:
+            raise ValueError(f"site {name!r} is not a site of these components; sites: {[s.name for s in self.sites]}")
         return self.A[_key(name)], self.B[_key(name)]
 
     def rank(self, site: Site | str) -> int:
@@ -170,13 +191,20 @@ class Components(nn.Module):
             If a site is missing, shapes disagree, the ``C`` differ between sites, or a matrix has rank > ``m``.
         """
         sites = list(sites)
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"weights must be a mapping site name -> [C, d_out, d_in] tensor, got {type(weights).__name__}")
         Cs = set()
         for s in sites:
             if s.name not in weights:
                 raise ValueError(f"weights lacks site {s.name!r}; has {sorted(weights)}")
             w = weights[s.name]
-            if w.ndim != 3 or tuple(w.shape[1:]) != (s.d_out, s.d_in):
-                raise ValueError(f"weights[{s.name!r}] must have shape [C, {s.d_out}, {s.d_in}], got {list(w.shape)}")
+            if not isinstance(w, torch.Tensor) or not (w.is_floating_point() or w.dtype in _INT_DTYPES):
+                raise TypeError(f"weights[{s.name!r}] must be a real torch.Tensor, got "
+                                f"{w.dtype if isinstance(w, torch.Tensor) else type(w).__name__}")
+            if w.ndim != 3 or w.shape[0] < 1 or tuple(w.shape[1:]) != (s.d_out, s.d_in):
+                raise ValueError(f"weights[{s.name!r}] must have shape [C >= 1, {s.d_out}, {s.d_in}], got {list(w.shape)}")
+            if not bool(torch.isfinite(w).all()):
+                raise ValueError(f"weights[{s.name!r}] contains {int((~torch.isfinite(w)).sum())} non-finite value(s)")
             Cs.add(int(w.shape[0]))
         if len(Cs) != 1:
             raise ValueError(f"all sites must have the same number of components, got {sorted(Cs)}")

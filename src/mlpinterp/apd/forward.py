@@ -104,10 +104,18 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
 
     Raises
     ------
+    TypeError
+        If ``coef`` is not a real tensor.
     ValueError
-        If ``coef`` has a shape other than ``[C]`` or ``[batch, C]``.
+        If ``coef`` has a shape other than ``[C]`` or ``[batch, C]``, or non-finite values.
     """
     C = comps.C
+    if coef is not None:
+        if not isinstance(coef, torch.Tensor) or coef.is_complex():
+            raise TypeError(f"coef must be a real torch.Tensor [C] or [batch, C], got "
+                            f"{coef.dtype if isinstance(coef, torch.Tensor) else type(coef).__name__}")
+        if coef.is_floating_point() and not bool(torch.isfinite(coef).all()):
+            raise ValueError("coef contains NaN or inf")
     if coef is not None and not (tuple(coef.shape) == (C,) or tuple(coef.shape) == (x.shape[0], C)):
         raise ValueError(f"coef must have shape [{C}] or [{x.shape[0]}, {C}], got {list(coef.shape)}")
     has_params = any(s.kind == "param" for s in comps.sites)
@@ -143,6 +151,8 @@ def capture_outputs(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str
     ValueError
         If a name is not a submodule of ``model``.
     """
+    if isinstance(names, str):
+        raise TypeError(f"names must be a sequence of module names, got the string {names!r}; use ({names!r},)")
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:

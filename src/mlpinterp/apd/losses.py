@@ -21,6 +21,8 @@ replaces ``sigma_m`` by ``||A[:, m]|| ||B[m, :]||`` (exact when the rank-one ter
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 
 import torch
@@ -32,8 +34,52 @@ EPS = 1e-16
 SCHATTEN_MODES = ("exact", "factor")
 
 
+def _tensor(x, name: str, shape: str) -> torch.Tensor:
+    """``x`` must be a floating-point, non-empty, finite torch tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {shape}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor {shape}, got dtype {x.dtype}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must be non-empty {shape}, got shape {list(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
+    return x
+
+
+def _exponent(p, name: str) -> float:
+    """``p`` must be a finite real number > 0 (not a bool or a string)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a real number > 0, got {type(p).__name__} {p!r}")
+    if not (math.isfinite(float(p)) and p > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {p}")
+    return float(p)
+
+
+def _attr(attr, C: int | None) -> torch.Tensor:
+    """Attributions ``[batch, C]``: finite and >= 0 (sums of squares)."""
+    _tensor(attr, "attr", "[batch, C]")
+    if attr.ndim != 2 or (C is not None and attr.shape[1] != C):
+        raise ValueError(f"attr must have shape [batch, C{'' if C is None else '=' + str(C)}], got {list(attr.shape)}")
+    if bool((attr < 0).any()):
+        raise ValueError("attr must be >= 0 (attributions are sums of squares), got negative values")
+    return attr
+
+
 def faithfulness_loss(comps: Components, target: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` (scalar; mean squared parameter error)."""
+    """``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` (scalar; mean squared parameter error).
+
+    Raises ``TypeError``/``ValueError`` if ``target`` is not a mapping holding a finite ``[d_out, d_in]`` tensor for
+    every site.
+    """
+    if not isinstance(target, Mapping):
+        raise TypeError(f"target must be a mapping site name -> [d_out, d_in] tensor, got {type(target).__name__}")
+    for s in comps.sites:
+        if s.name not in target:
+            raise ValueError(f"target lacks site {s.name!r}; has {sorted(target)}")
+        _tensor(target[s.name], f"target[{s.name!r}]", f"[{s.d_out}, {s.d_in}]")
+        if tuple(target[s.name].shape) != (s.d_out, s.d_in):
+            raise ValueError(f"target[{s.name!r}] must have shape [{s.d_out}, {s.d_in}], got {list(target[s.name].shape)}")
     summed = comps.summed()
     total = sum(((target[s.name] - summed[s.name]) ** 2).sum() for s in comps.sites)
     return total / comps.n_params
@@ -50,6 +96,8 @@ def minimality_loss(out: torch.Tensor, target_out: torch.Tensor, kind: str = "ms
     ValueError
         If ``kind`` is unknown or the shapes differ.
     """
+    _tensor(out, "out", "[batch, ...]")
+    _tensor(target_out, "target_out", "[batch, ...]")
     if out.shape != target_out.shape:
         raise ValueError(f"out and target_out must have the same shape, got {list(out.shape)} and {list(target_out.shape)}")
     if kind == "mse":
@@ -74,8 +122,13 @@ def schatten_pp(A: torch.Tensor, B: torch.Tensor, p: float, mode: str = "exact")
     ValueError
         If ``p <= 0``, ``mode`` is unknown or the factor shapes do not chain.
     """
-    if not p > 0:
-        raise ValueError(f"p (Schatten exponent) must be > 0, got {p}")
+    _exponent(p, "p (Schatten exponent)")
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} contains {int((~torch.isfinite(t)).sum())} non-finite value(s) (NaN or inf)")
     if A.ndim != 3 or B.ndim != 3 or A.shape[0] != B.shape[0] or A.shape[2] != B.shape[1]:
         raise ValueError(f"A [C, d_out, m] and B [C, m, d_in] must chain, got {list(A.shape)} and {list(B.shape)}")
     if mode == "factor":
@@ -107,23 +160,43 @@ def component_schatten(comps: Components, p: float, mode: str = "exact") -> torc
 
 def simplicity_loss(comps: Components, mask: torch.Tensor, p: float, mode: str = "exact") -> torch.Tensor:
     """``sum_{b,c} mask[b,c] sum_s ||P_{c,s}||_p^p / (N * batch)``; ``mask``: ``[batch, C]`` (bool or weights)."""
+    if not isinstance(mask, torch.Tensor) or mask.is_complex():
+        raise TypeError(f"mask must be a real torch.Tensor [batch, C], got "
+                        f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    if mask.ndim != 2 or mask.shape[0] < 1 or mask.shape[1] != comps.C:
+        raise ValueError(f"mask must have shape [batch >= 1, C={comps.C}], got {list(mask.shape)}")
+    if mask.is_floating_point() and not bool(torch.isfinite(mask).all()):
+        raise ValueError("mask contains NaN or inf")
     per_c = component_schatten(comps, p, mode)
     return (mask.to(per_c.dtype) * per_c).sum() / (comps.n_params * mask.shape[0])
 
 
 def act_recon_loss(acts: Mapping[str, torch.Tensor], target_acts: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Mean over the named activations of their MSE (mean over entries)."""
+    """Mean over the named activations of their MSE (mean over entries); shapes must agree name by name."""
+    if not isinstance(acts, Mapping) or not isinstance(target_acts, Mapping):
+        raise TypeError(f"acts and target_acts must be mappings name -> tensor, got {type(acts).__name__} and "
+                        f"{type(target_acts).__name__}")
     if set(acts) != set(target_acts) or not acts:
         raise ValueError(f"acts and target_acts must name the same non-empty set, got {sorted(acts)} / {sorted(target_acts)}")
+    for n in acts:
+        _tensor(acts[n], f"acts[{n!r}]", "")
+        _tensor(target_acts[n], f"target_acts[{n!r}]", "")
+        if acts[n].shape != target_acts[n].shape:
+            raise ValueError(f"acts[{n!r}] and target_acts[{n!r}] must have the same shape, got "
+                             f"{list(acts[n].shape)} and {list(target_acts[n].shape)}")
     return sum(((acts[n] - target_acts[n]) ** 2).mean() for n in acts) / len(acts)
 
 
 def lp_minimality_loss(attr: torch.Tensor, p1: float) -> torch.Tensor:
     """``mean_b sum_c A_c(x_b)^{p1}`` with ``A_c = sqrt(attr)`` (``attr``: ``[batch, C]`` sums of squares)."""
+    _exponent(p1, "p1")
+    _attr(attr, None)
     return ((attr + EPS) ** (p1 / 2)).sum(-1).mean()
 
 
 def lp_simplicity_loss(comps: Components, attr: torch.Tensor, p1: float, p2: float, mode: str = "exact") -> torch.Tensor:
     """``mean_b sum_c A_c(x_b)^{p1} sum_s ||P_{c,s}||_{p2}^{p2} / N``."""
+    _exponent(p1, "p1")
+    _attr(attr, comps.C)
     per_c = component_schatten(comps, p2, mode)
     return (((attr + EPS) ** (p1 / 2)) * per_c).sum(-1).mean() / comps.n_params

@@ -13,6 +13,7 @@ Runs are deterministic given the seed (each step's batch comes from ``sample(ste
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -102,7 +103,35 @@ class APDConfig:
     """Write a checkpoint every this many steps when ``out_dir`` is given."""
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first inconsistent field."""
+        """Raise ``TypeError``/``ValueError`` naming the first ill-typed or inconsistent field."""
+        for name in ("C", "steps", "batch_size", "log_every", "checkpoint_every", "seed", "m", "chunk_size"):
+            v = getattr(self, name)
+            if v is None and name in ("m", "chunk_size"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+            if name != "seed" and v < 1:
+                raise ValueError(f"{name} must be positive (an int >= 1), got {v}")
+        for name in ("lr", "warmup_frac", "weight_decay", "topk", "faithfulness_coeff", "minimality_coeff",
+                     "simplicity_coeff", "schatten_p", "act_recon_coeff", "lp_p1", "lp_p2", "init_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{name} must be a real number, got {type(v).__name__} {v!r}")
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {v}")
+        for name in ("lr", "init_scale"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "faithfulness_coeff", "minimality_coeff", "simplicity_coeff", "act_recon_coeff"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("batch_topk", "unit_norm_B"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
+        for name in ("targets", "act_names"):
+            v = getattr(self, name)
+            if isinstance(v, str) or not isinstance(v, (tuple, list)) or not all(isinstance(t, str) for t in v):
+                raise TypeError(f"{name} must be a tuple of module/parameter names (str), got {v!r}")
         if self.C <= 0:
             raise ValueError(f"C must be positive, got {self.C}")
         if self.steps <= 0 or self.batch_size <= 0:
@@ -147,6 +176,8 @@ class APDResult:
 
 def lr_at(step: int, cfg: APDConfig) -> float:
     """Learning rate at ``step``: linear warm-up over ``warmup_frac * steps``, then constant or cosine to 0."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
     warm = int(cfg.warmup_frac * cfg.steps)
     if step < warm:
         return cfg.lr * (step + 1) / warm
@@ -260,6 +291,12 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     ValueError
         On an invalid configuration, unknown targets, or a checkpoint written with another configuration.
     """
+    if not isinstance(cfg, APDConfig):
+        raise TypeError(f"cfg must be an APDConfig, got {type(cfg).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(sample):
+        raise TypeError(f"sample must be a callable step -> [batch_size, ...] tensor, got {type(sample).__name__}")
     cfg.validate()
     sites = resolve_sites(model, cfg.targets)
     if cfg.act_recon_coeff > 0 and any(s.kind == "param" for s in sites):
@@ -283,7 +320,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
             lr = lr_at(step, cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x = sample(step)
+            x = _check_batch(model, sample(step), step, first=step == start)
             total, logs = apd_losses(model, comps, x, cfg, target_weights)
             opt.zero_grad(set_to_none=True)
             total.backward()
@@ -304,8 +341,31 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     return APDResult(comps, cfg, history, prev_seconds + time.perf_counter() - t0)
 
 
+def _check_batch(model: nn.Module, x, step: int, first: bool) -> torch.Tensor:
+    """``sample(step)`` must return a finite floating-point ``[batch, ...]`` tensor (on the first step also one that the
+    model accepts)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"sample({step}) must return a torch.Tensor [batch_size, ...], got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"sample({step}) must return a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim < 2 or x.shape[0] < 1:
+        raise ValueError(f"sample({step}) must return a [batch_size >= 1, ...] tensor, got shape {list(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"sample({step}) returned {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
+    if first:
+        try:
+            with torch.no_grad():
+                model(x[:1])
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"sample({step}) returned shape {list(x.shape)}, dtype {x.dtype}, which the model "
+                             f"does not accept ({e})") from e
+    return x
+
+
 def with_overrides(cfg: APDConfig, **kw) -> APDConfig:
     """``dataclasses.replace`` that rejects unknown field names with a ``ValueError``."""
+    if not isinstance(cfg, APDConfig):
+        raise TypeError(f"cfg must be an APDConfig, got {type(cfg).__name__}")
     unknown = set(kw) - set(asdict(cfg))
     if unknown:
         raise ValueError(f"unknown APDConfig fields {sorted(unknown)}")

@@ -56,10 +56,14 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
         extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
                                                 "mfr_alpha<a>; repeat for several; a negative value: none."),
+        threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads (1 is fastest on a shared CPU)."),
     ) -> None:
         """Reproduce Marks et al. 2024 (MFR): figures, metrics.json and report.md in OUT."""
+        import torch
+
         from mlpinterp.experiments import mfr as exp_mod
 
+        torch.set_num_threads(threads)
         ks = _k_values(k, ctx.args)
         kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
               "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
@@ -98,8 +102,13 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         distributed: str = typer.Option("none", help="none | ddp | ensemble (launch with torchrun)."),
         device: str = typer.Option("cpu", help="torch device."),
         quiet: bool = typer.Option(False, help="No progress bar."),
+        threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)."),
     ) -> None:
         """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT; resumes from OUT."""
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         from mlpinterp.sae.activations import ActivationConfig, ActivationSource, load_model, read_texts
         from mlpinterp.sae.mfr import MfrConfig, MfrTrainer, init_distributed
         from mlpinterp.sae.topk import SaeConfig

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +21,31 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-from mlpinterp.sae.metrics import cosine_matrix, mmcs
+from mlpinterp.sae.metrics import _check_dict, cosine_matrix, mmcs
+
+
+def _decoders(decoders) -> list[Tensor]:
+    """``decoders``: a list/tuple (or a stacked ``[N, d_sae, d]`` tensor) of at least two ``[d_sae, d]`` tensors."""
+    if isinstance(decoders, Tensor):
+        if decoders.ndim != 3:
+            raise ValueError(f"decoders as one tensor must have shape [n_saes, d_sae, d], got {list(decoders.shape)}")
+        decoders = list(decoders)
+    if not isinstance(decoders, (list, tuple)):
+        raise TypeError(f"decoders must be a list of [d_sae, d] tensors, got {type(decoders).__name__}")
+    if len(decoders) < 2:
+        raise ValueError(f"decoders must hold at least 2 dictionaries, got {len(decoders)}")
+    for i, d in enumerate(decoders):
+        _check_dict(d, f"decoders[{i}]")
+    shapes = {tuple(d.shape) for d in decoders}
+    if len(shapes) != 1:
+        raise ValueError(f"decoders must all have the same shape [d_sae, d], got {sorted(shapes)}")
+    return list(decoders)
 
 
 def mmcs_to_truth(w_dec: Tensor, features: Tensor) -> float:
     """Hungarian MMCS between ``w_dec [d_sae, d]`` and true ``features [G, d]`` (mean over min(d_sae, G) pairs)."""
+    _check_dict(w_dec, "w_dec")
+    _check_dict(features, "features")
     return float(mmcs(w_dec.detach().double(), features.detach().double(), matching="hungarian"))
 
 
@@ -43,8 +65,10 @@ def feature_similarities(decoders: list[Tensor], features: Tensor) -> FeatureSim
 
     Raises ``ValueError`` when fewer than two decoders are given or the widths disagree.
     """
-    if len(decoders) < 2:
-        raise ValueError(f"decoders must hold at least 2 dictionaries, got {len(decoders)}")
+    decoders = _decoders(decoders)
+    _check_dict(features, "features")
+    if features.shape[1] != decoders[0].shape[1]:
+        raise ValueError(f"features must have width d={decoders[0].shape[1]} like the decoders, got {list(features.shape)}")
     decs = [d.detach().double() for d in decoders]
     f = features.detach().double()
     n = len(decs)
@@ -74,10 +98,20 @@ def shared_false_cluster(decoders: list[Tensor], features: Tensor, firing_rates:
     ``firing_rates``: ``[n_saes, d_sae]`` fraction of samples on which each latent fired. Returns the cluster
     size, its fraction of all latents, and the mean firing rate inside vs outside the cluster (fractions).
     """
+    for name, v in (("shared_min", shared_min), ("truth_max", truth_max)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite real number (a cosine threshold), got {v!r}")
     sims = feature_similarities(decoders, features)
-    rates = np.asarray(firing_rates, dtype=np.float64)
+    if isinstance(firing_rates, Tensor):
+        firing_rates = firing_rates.detach().cpu().double().numpy()
+    try:
+        rates = np.asarray(firing_rates, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"firing_rates must be a numeric array [n_saes, d_sae], got {type(firing_rates).__name__}") from e
     if rates.shape != sims.cross.shape:
         raise ValueError(f"firing_rates must have shape {list(sims.cross.shape)}, got {list(rates.shape)}")
+    if not np.all(np.isfinite(rates)) or rates.min() < 0 or rates.max() > 1:
+        raise ValueError("firing_rates must be finite fractions in [0, 1]")
     mask = (sims.cross >= shared_min) & (sims.truth < truth_max)
     inside = rates[mask]
     outside = rates[~mask]

@@ -58,6 +58,10 @@ class SyntheticConfig:
         if self.k_active > smallest:
             raise ValueError(f"k_active must be <= the smallest group size {smallest} "
                              f"(n_features // n_groups), got {self.k_active}")
+        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)):
+            raise TypeError(f"decay must be a real number in (0, 1], got {type(self.decay).__name__} {self.decay!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
         if not (0.0 < float(self.decay) <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
 
@@ -108,6 +112,8 @@ class SyntheticData:
 
     def within_group_probs(self, group: int) -> np.ndarray:
         """Normalised single-draw probabilities ``lambda**j / sum`` of the features of ``group``."""
+        if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < self.cfg.n_groups:
+            raise ValueError(f"group must be an int in [0, n_groups={self.cfg.n_groups}), got {group!r}")
         n = int(self.group_sizes[group])
         w = float(self.cfg.decay) ** np.arange(n)
         return w / w.sum()
@@ -131,6 +137,12 @@ class SyntheticData:
     def stream(self, batch_size: int, n_batches: int | None = None, start: int = 0) -> Iterator[Tensor]:
         """Yield activation batches ``[batch_size, d]`` number ``start, start + 1, ...`` (forever if
         ``n_batches`` is None)."""
+        if n_batches is not None and (isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 0):
+            raise ValueError(f"n_batches must be a non-negative int or None, got {n_batches!r}")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be a non-negative int, got {start!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         i = start
         while n_batches is None or i < start + n_batches:
             yield self.batch(i, batch_size).x

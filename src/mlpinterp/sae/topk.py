@@ -68,8 +68,11 @@ class SaeConfig:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if self.k > self.d_sae:
             raise ValueError(f"k must be <= d_sae, got k={self.k} > d_sae={self.d_sae}")
-        if self.k_aux is not None and (not isinstance(self.k_aux, int) or self.k_aux < 1):
+        if self.k_aux is not None and (isinstance(self.k_aux, bool) or not isinstance(self.k_aux, int) or self.k_aux < 1):
             raise ValueError(f"k_aux must be a positive int or None, got {self.k_aux!r}")
+        for name in ("tied", "pre_bias", "normalize_decoder"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
 
 
 class ForwardOutput(NamedTuple):
@@ -194,6 +197,10 @@ class TopKSae(nn.Module):
             raise ValueError(f"d_in must be a positive int, got {d_in!r}")
         if not isinstance(cfg, SaeConfig):
             raise TypeError(f"cfg must be a SaeConfig, got {type(cfg).__name__}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.d_in = d_in
         self.cfg = cfg
         self.encoder = nn.Linear(d_in, cfg.d_sae, dtype=dtype)
@@ -267,7 +274,25 @@ class TopKSae(nn.Module):
         return EncoderOutput(acts, idx, pre)
 
     def decode(self, top_acts: Tensor, top_indices: Tensor) -> Tensor:
-        """``x_hat = sum_j acts_j W_dec[idx_j] + b_dec``: ``[batch, k]`` x2 -> ``[batch, d_in]``."""
+        """``x_hat = sum_j acts_j W_dec[idx_j] + b_dec``: ``[batch, k]`` x2 -> ``[batch, d_in]``.
+
+        Raises ``TypeError``/``ValueError`` if ``top_indices`` is not an integer tensor of indices in ``[0, d_sae)``,
+        ``top_acts`` not a finite floating-point tensor of the same ``[batch, k]`` shape.
+        """
+        if not isinstance(top_acts, Tensor) or not top_acts.is_floating_point():
+            raise TypeError(f"top_acts must be a floating-point torch.Tensor [batch, k], got "
+                            f"{top_acts.dtype if isinstance(top_acts, Tensor) else type(top_acts).__name__}")
+        if not isinstance(top_indices, Tensor) or top_indices.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"top_indices must be an int64/int32 torch.Tensor [batch, k], got "
+                            f"{top_indices.dtype if isinstance(top_indices, Tensor) else type(top_indices).__name__}")
+        if top_indices.ndim != 2 or top_acts.shape != top_indices.shape:
+            raise ValueError(f"top_acts and top_indices must have the same shape [batch, k], got "
+                             f"{list(top_acts.shape)} and {list(top_indices.shape)}")
+        if top_indices.numel() and (int(top_indices.min()) < 0 or int(top_indices.max()) >= self.cfg.d_sae):
+            raise ValueError(f"top_indices must lie in [0, d_sae={self.cfg.d_sae}), got values in "
+                             f"[{int(top_indices.min())}, {int(top_indices.max())}]")
+        if not bool(torch.isfinite(top_acts).all()):
+            raise ValueError(f"top_acts contains {int((~torch.isfinite(top_acts)).sum())} non-finite value(s)")
         return F.embedding_bag(top_indices, self.W_dec, per_sample_weights=top_acts, mode="sum") + self.b_dec
 
     def dense_latents(self, x: Tensor) -> Tensor:
@@ -296,8 +321,14 @@ class TopKSae(nn.Module):
             If ``x`` has the wrong shape or dtype, or ``dead_mask`` the wrong shape.
         """
         x = self._check_input(x)
+        if x.shape[0] < 1:
+            raise ValueError(f"x must have at least one row (FVU and MSE are undefined on an empty batch), got {list(x.shape)}")
+        if dead_mask is not None:
+            if not isinstance(dead_mask, Tensor) or dead_mask.dtype != torch.bool:
+                raise TypeError(f"dead_mask must be a bool torch.Tensor [d_sae={self.cfg.d_sae}], got "
+                                f"{dead_mask.dtype if isinstance(dead_mask, Tensor) else type(dead_mask).__name__}")
         enc = self.encode(x, _checked=True)
-        sae_out = self.decode(enc.top_acts, enc.top_indices)
+        sae_out = F.embedding_bag(enc.top_indices, self.W_dec, per_sample_weights=enc.top_acts, mode="sum") + self.b_dec
         e = x - sae_out
         tiny = torch.finfo(x.dtype).tiny
         l2 = e.pow(2).sum()
@@ -329,6 +360,11 @@ class TopKSae(nn.Module):
         (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``, ``b_dec``) + ``cfg.json``.
         """
         path = Path(path)
+        if extra_cfg is not None and not isinstance(extra_cfg, dict):
+            raise TypeError(f"extra_cfg must be a dict or None, got {type(extra_cfg).__name__}")
+        reserved = sorted(set(extra_cfg or {}) & ({f.name for f in fields(SaeConfig)} | {"d_in", "num_latents", "layout"}))
+        if reserved:
+            raise ValueError(f"extra_cfg must not override the SAE's own cfg.json keys, got {reserved}")
         cfg = {**asdict(self.cfg), "d_in": self.d_in, "num_latents": self.cfg.d_sae, "expansion_factor":
                self.cfg.d_sae / self.d_in, "multi_topk": False, "skip_connection": False,
                "architecture": "topk", "layout": layout, **(extra_cfg or {})}
@@ -364,6 +400,9 @@ class TopKSae(nn.Module):
             If the files are corrupt or the tensor shapes disagree with ``cfg.json``.
         """
         path = Path(path)
+        if path.is_file():
+            raise ValueError(f"path must be the SAE's directory (holding cfg.json and the .safetensors file), "
+                             f"got the file {str(path)!r}")
         cfg_path = path / "cfg.json"
         if not cfg_path.exists():
             raise FileNotFoundError(f"{str(cfg_path)!r} does not exist")
@@ -371,6 +410,8 @@ class TopKSae(nn.Module):
             raw = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{str(cfg_path)!r} is not valid JSON ({e})") from e
+        if not isinstance(raw, dict):
+            raise ValueError(f"{str(cfg_path)!r} must hold a JSON object, got {type(raw).__name__}")
         if (path / "sae.safetensors").exists():
             tensors, _ = load_tensors(path / "sae.safetensors")
             w_enc, b_enc = tensors.get("encoder.weight"), tensors.get("encoder.bias")
@@ -384,17 +425,45 @@ class TopKSae(nn.Module):
                                   ("W_dec", tensors.get("W_dec")), ("b_dec", tensors.get("b_dec"))) if t is None]
         if missing:
             raise ValueError(f"SAE file in {str(path)!r} lacks tensors: {missing}")
-        d_in = int(raw.get("d_in", w_enc.shape[1]))
+        where = f"in {str(path)!r}"
+        for name, t in (("encoder weight", w_enc), ("encoder bias", b_enc), ("W_dec", tensors["W_dec"]),
+                        ("b_dec", tensors["b_dec"])):
+            if not t.is_floating_point():
+                raise ValueError(f"{name} {where} must be a floating-point tensor, got dtype {t.dtype}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} {where} contains {int((~torch.isfinite(t)).sum())} non-finite value(s)")
+        if w_enc.ndim != 2:
+            raise ValueError(f"encoder weight {where} must be 2-D [d_sae, d_in], got shape {list(w_enc.shape)}")
+
+        def _int(key: str, v):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"cfg.json {where}: {key!r} must be an int, got {type(v).__name__} {v!r}")
+            return v
+
+        d_in = _int("d_in", raw["d_in"]) if "d_in" in raw else int(w_enc.shape[1])
         names = {f.name for f in fields(SaeConfig)}
         kw = {k: v for k, v in raw.items() if k in names}
-        kw.setdefault("d_sae", int(raw.get("num_latents") or raw.get("d_sae") or w_enc.shape[0]))
-        if "k" not in kw and "activation_fn_kwargs" in raw:
-            kw["k"] = int(raw["activation_fn_kwargs"]["k"])
-        cfg = SaeConfig(**kw)
+        if "d_sae" not in kw:
+            if raw.get("num_latents") is not None:
+                kw["d_sae"] = _int("num_latents", raw["num_latents"])
+            else:
+                kw["d_sae"] = int(w_enc.shape[0])
+        if "k" not in kw:
+            afk = raw.get("activation_fn_kwargs")
+            if not isinstance(afk, dict) or "k" not in afk:
+                raise ValueError(f"cfg.json {where} gives no top-k 'k' (neither 'k' nor 'activation_fn_kwargs.k')")
+            kw["k"] = _int("activation_fn_kwargs.k", afk["k"])
+        try:
+            cfg = SaeConfig(**kw)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"cfg.json {where}: {e}") from e
         want = (cfg.d_sae, d_in)
         for name, t in (("encoder weight", w_enc), ("W_dec", tensors["W_dec"])):
             if tuple(t.shape) != want:
-                raise ValueError(f"{name} in {str(path)!r} must have shape {list(want)}, got {list(t.shape)}")
+                raise ValueError(f"{name} {where} must have shape {list(want)}, got {list(t.shape)}")
+        for name, t, n in (("encoder bias", b_enc, cfg.d_sae), ("b_dec", tensors["b_dec"], d_in)):
+            if tuple(t.shape) != (n,):
+                raise ValueError(f"{name} {where} must have shape [{n}], got {list(t.shape)}")
         sae = cls(d_in, cfg, dtype=w_enc.dtype)
         with torch.no_grad():
             sae.encoder.weight.copy_(w_enc)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlpinterp.toys.data import _check_int, _check_real
 from mlpinterp.toys.resid_mlp import MLPBlock
 
 GATE_M = 10.0
@@ -33,6 +34,8 @@ class GatedTrigMLP(nn.Module):
 
     def __init__(self, d_resid: int, d_mlp: int, n_layers: int, n_functions: int):
         super().__init__()
+        for name, v in (("d_resid", d_resid), ("d_mlp", d_mlp), ("n_layers", n_layers), ("n_functions", n_functions)):
+            _check_int(v, name)
         if d_resid != n_functions + 2:
             raise ValueError(f"d_resid must be n_functions + 2 = {n_functions + 2}, got {d_resid}")
         self.d_resid, self.d_mlp, self.n_layers, self.n_functions = d_resid, d_mlp, n_layers, n_functions
@@ -49,6 +52,8 @@ class GatedTrigMLP(nn.Module):
         return w
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        if inp.ndim < 1 or inp.shape[-1] != 1 + self.n_functions:
+            raise ValueError(f"inp must have shape [..., 1 + n_functions={1 + self.n_functions}], got {list(inp.shape)}")
         r = self.embed(inp)
         for layer in self.layers:
             r = r + layer(r)
@@ -68,8 +73,16 @@ def trig_coefficients(n_functions: int, seed: int) -> np.ndarray:
 
 
 def trig_functions(x: np.ndarray | torch.Tensor, coeffs: np.ndarray) -> np.ndarray:
-    """``F_i(x)`` for every function: ``[..., n_functions]`` (float64 numpy)."""
-    x = np.asarray(x, dtype=np.float64)[..., None]
+    """``F_i(x)`` for every function: ``[..., n_functions]`` (float64 numpy); ``coeffs``: ``[n_functions, 7]``."""
+    coeffs = np.asarray(coeffs, dtype=np.float64)
+    if coeffs.ndim != 2 or coeffs.shape[1] != 7:
+        raise ValueError(f"coeffs must have shape [n_functions, 7] (a, b, c, d, e, f, g), got {list(coeffs.shape)}")
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    x = np.asarray(x, dtype=np.float64)
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(coeffs))):
+        raise ValueError("x and coeffs must be finite (no NaN or inf)")
+    x = x[..., None]
     a, b, c, d, e, f, g = (coeffs[:, j] for j in range(7))
     return a * np.cos(b * x + c) + d * np.sin(e * x + f) + g
 
@@ -79,6 +92,10 @@ def build_gated_trig(
 ) -> tuple[GatedTrigMLP, dict]:
     """Hand-code the network. Returns ``(model, info)`` with ``info["coefficients"]`` and ``info["owner"]``
     (``[n_layers, d_mlp]`` function index of every neuron)."""
+    for name, v in (("n_functions", n_functions), ("neurons_per_function", neurons_per_function),
+                    ("n_layers", n_layers)):
+        _check_int(v, name, minimum=None)
+    _check_int(seed, "seed", minimum=0)
     if n_functions <= 0 or neurons_per_function < 3 or n_layers <= 0:
         raise ValueError("need n_functions >= 1, neurons_per_function >= 3, n_layers >= 1; got "
                          f"{n_functions}, {neurons_per_function}, {n_layers}")
@@ -122,6 +139,9 @@ def gated_trig_inputs(
     n: int, n_functions: int, p: float = 0.05, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """``[n, 1 + n_functions]``: ``x ~ U[0, 5]`` and Bernoulli(``p``) control bits."""
+    _check_int(n, "n")
+    _check_int(n_functions, "n_functions")
+    _check_real(p, "p", 0.0, 1.0)
     x = torch.rand(n, 1, generator=generator) * (X_RANGE[1] - X_RANGE[0]) + X_RANGE[0]
     bits = (torch.rand(n, n_functions, generator=generator) < p).float()
     return torch.cat([x, bits], dim=1)

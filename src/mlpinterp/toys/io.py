@@ -35,6 +35,8 @@ def _arch(model: nn.Module) -> dict:
 
 def save_toy(model: nn.Module, path: str | os.PathLike, info: dict | None = None) -> Path:
     """Save a toy target's state dict and ``{"kind", "arch", "info"}`` metadata atomically."""
+    if info is not None and not isinstance(info, dict):
+        raise TypeError(f"info must be a dict or None, got {type(info).__name__}")
     meta = {"kind": _kind(model), "arch": _arch(model), "info": info or {}}
     return save_tensors(path, dict(model.state_dict()), meta)
 
@@ -54,9 +56,24 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     from mlpinterp.toys.tms import TMS
 
     tensors, meta = load_tensors(path)
+    if not isinstance(meta, dict):
+        raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
     if "kind" not in meta or "arch" not in meta:
         raise ValueError(f"metadata of {str(path)!r} must contain 'kind' and 'arch', got keys {sorted(meta)}")
     kind, arch = meta["kind"], meta["arch"]
+    keys = {"tms": {"n_features", "d_hidden"}, "resid_mlp": {"n_features", "d_embed", "d_mlp", "n_layers"},
+            "gated_trig": {"d_resid", "d_mlp", "n_layers", "n_functions"}}
+    if kind in keys:
+        if not isinstance(arch, dict) or set(arch) != keys[kind]:
+            got = sorted(arch) if isinstance(arch, dict) else type(arch).__name__
+            raise ValueError(f"metadata 'arch' of {str(path)!r} must be an object with keys {sorted(keys[kind])} for "
+                             f"kind {kind!r}, got {got}")
+        bad = {k: v for k, v in arch.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1}
+        if bad:
+            raise ValueError(f"metadata 'arch' of {str(path)!r} must hold positive ints, got {bad}")
+    bad_t = [k for k, v in tensors.items() if not v.is_floating_point() or not bool(torch.isfinite(v).all())]
+    if bad_t:
+        raise ValueError(f"tensors {bad_t} in {str(path)!r} must be finite floating-point tensors")
     if kind == "tms":
         model: nn.Module = TMS(**arch)
     elif kind == "resid_mlp":

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mlpinterp.toys.data import sparse_features, step_generator
+from mlpinterp.toys.data import _check_int, _check_real, sparse_features, step_generator
 
 
 class MLPBlock(nn.Module):
@@ -51,6 +51,13 @@ class ResidualMLP(nn.Module):
 
     def __init__(self, n_features: int, d_embed: int, d_mlp: int, n_layers: int, W_E: torch.Tensor):
         super().__init__()
+        for name, v in (("n_features", n_features), ("d_embed", d_embed), ("d_mlp", d_mlp), ("n_layers", n_layers)):
+            _check_int(v, name)
+        if not isinstance(W_E, torch.Tensor) or not W_E.is_floating_point():
+            raise TypeError(f"W_E must be a floating-point torch.Tensor [n_features, d_embed], got "
+                            f"{W_E.dtype if isinstance(W_E, torch.Tensor) else type(W_E).__name__}")
+        if not bool(torch.isfinite(W_E).all()):
+            raise ValueError(f"W_E contains {int((~torch.isfinite(W_E)).sum())} non-finite value(s)")
         if W_E.shape != (n_features, d_embed):
             raise ValueError(f"W_E must have shape [{n_features}, {d_embed}], got {list(W_E.shape)}")
         self.n_features, self.d_embed, self.d_mlp, self.n_layers = n_features, d_embed, d_mlp, n_layers
@@ -66,6 +73,8 @@ class ResidualMLP(nn.Module):
         return self.W_E
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim < 1 or x.shape[-1] != self.n_features:
+            raise ValueError(f"x must have shape [..., n_features={self.n_features}], got {list(x.shape)}")
         r = self.embed(x)
         for layer in self.layers:
             r = r + layer(r)
@@ -91,6 +100,19 @@ def neuron_contributions(model: ResidualMLP, weights: dict[str, torch.Tensor] | 
     ``weights`` optionally overrides ``layers.{l}.mlp_in`` / ``layers.{l}.mlp_out`` weights (e.g. one APD component).
     """
     weights = weights or {}
+    if not isinstance(weights, dict):
+        raise TypeError(f"weights must be a dict name -> weight tensor, got {type(weights).__name__}")
+    shapes = {}
+    for i in range(model.n_layers):
+        shapes[f"layers.{i}.mlp_in"] = (model.d_mlp, model.d_embed)
+        shapes[f"layers.{i}.mlp_out"] = (model.d_embed, model.d_mlp)
+    unknown = sorted(set(weights) - set(shapes))
+    if unknown:
+        raise ValueError(f"weights names unknown layers {unknown}; expected some of {sorted(shapes)}")
+    for name, w in weights.items():
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != shapes[name]:
+            got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ValueError(f"weights[{name!r}] must be a tensor of shape {list(shapes[name])}, got {got}")
     out = []
     for i, layer in enumerate(model.layers):
         W_in = weights.get(f"layers.{i}.mlp_in", layer.mlp_in.weight).detach()  # [d_mlp, d_embed]
@@ -126,6 +148,14 @@ class ResidMLPConfig:
     seed: int = 0
     """Seed for the embedding, the initialisation and the data."""
 
+    def __post_init__(self) -> None:
+        for name in ("n_features", "d_embed", "d_mlp", "n_layers", "steps", "batch_size"):
+            _check_int(getattr(self, name), name)
+        _check_int(self.seed, "seed", minimum=None)
+        _check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
+        _check_real(self.lr, "lr", 0.0, lo_open=True)
+        _check_real(self.weight_decay, "weight_decay", 0.0)
+
 
 RESID_PRESETS: dict[str, ResidMLPConfig] = {
     "resid-mlp-1": ResidMLPConfig(d_mlp=50, n_layers=1),
@@ -135,6 +165,8 @@ RESID_PRESETS: dict[str, ResidMLPConfig] = {
 
 def build_resid_mlp(cfg: ResidMLPConfig) -> ResidualMLP:
     """An untrained :class:`ResidualMLP` with the embedding drawn from ``cfg.seed``."""
+    if not isinstance(cfg, ResidMLPConfig):
+        raise TypeError(f"cfg must be a ResidMLPConfig, got {type(cfg).__name__}")
     torch.manual_seed(cfg.seed)
     W_E = random_embedding(cfg.n_features, cfg.d_embed, cfg.seed)
     return ResidualMLP(cfg.n_features, cfg.d_embed, cfg.d_mlp, cfg.n_layers, W_E)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from mlpinterp.toys.data import sparse_features, step_generator
+from mlpinterp.toys.data import _check_int, _check_real, sparse_features, step_generator
 
 
 class TMS(nn.Module):
@@ -25,8 +25,8 @@ class TMS(nn.Module):
 
     def __init__(self, n_features: int, d_hidden: int):
         super().__init__()
-        if n_features <= 0 or d_hidden <= 0:
-            raise ValueError(f"n_features and d_hidden must be positive, got {n_features}, {d_hidden}")
+        _check_int(n_features, "n_features")
+        _check_int(d_hidden, "d_hidden")
         self.n_features, self.d_hidden = int(n_features), int(d_hidden)
         self.W = nn.Parameter(torch.empty(d_hidden, n_features))
         self.b = nn.Parameter(torch.zeros(n_features))
@@ -38,6 +38,8 @@ class TMS(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., n_features] -> [..., n_features]``."""
+        if x.ndim < 1 or x.shape[-1] != self.n_features:
+            raise ValueError(f"x must have shape [..., n_features={self.n_features}], got {list(x.shape)}")
         return torch.relu(F.linear(self.hidden(x), self.W.T, self.b))
 
 
@@ -76,6 +78,14 @@ class TMSConfig:
     seed: int = 0
     """Seed for initialisation and data."""
 
+    def __post_init__(self) -> None:
+        for name in ("n_features", "d_hidden", "steps", "batch_size", "n_instances"):
+            _check_int(getattr(self, name), name)
+        _check_int(self.seed, "seed", minimum=None)
+        _check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
+        _check_real(self.lr, "lr", 0.0, lo_open=True)
+        _check_real(self.weight_decay, "weight_decay", 0.0)
+
 
 TMS_PRESETS: dict[str, TMSConfig] = {
     "tms-5-2": TMSConfig(n_features=5, d_hidden=2, steps=5000, batch_size=1024),
@@ -90,6 +100,8 @@ def train_tms(cfg: TMSConfig, quiet: bool = False) -> tuple[TMS, dict]:
     batch of 20 000 samples. Returns ``(model, info)`` where ``info`` has ``loss`` (held-out MSE of the kept
     instance, per feature and sample), ``instance_losses`` and ``instance``.
     """
+    if not isinstance(cfg, TMSConfig):
+        raise TypeError(f"cfg must be a TMSConfig, got {type(cfg).__name__}")
     if cfg.n_instances <= 0 or cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ValueError(f"n_instances, steps and batch_size must be positive, got {cfg}")
     torch.manual_seed(cfg.seed)
