@@ -207,7 +207,7 @@ def _value(r: dict, key: str) -> float:
 def _summarise(results: list[dict], keys: list[str]) -> dict:
     """Mean and standard error over seeds, per (condition, k)."""
     summary: dict = {}
-    for cond in sorted({r["condition"] for r in results}):
+    for cond in dict.fromkeys(r["condition"] for r in results):  # run order: baseline, reinit, mfr, mfr_alpha*
         for k in sorted({r["k"] for r in results}):
             rs = [r for r in results if r["condition"] == cond and r["k"] == k]
             if not rs:
