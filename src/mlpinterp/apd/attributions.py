@@ -39,6 +39,7 @@ from torch import nn
 
 from mlpinterp.apd.components import Components
 from mlpinterp.apd.forward import _param_weights, _patched, run_with_components
+from mlpinterp.utils.validation import check_batch_tensor
 
 SOURCES = ("target", "apd")
 METHODS = ("auto", "forward", "closed")
@@ -95,13 +96,7 @@ def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: s
         no batch dimension or non-finite values, or ``chunk_size`` is not a positive int.
     """
     base = _check_source(source)
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point torch.Tensor [batch, ...], got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if x.ndim < 2 or x.shape[0] < 1:
-        raise ValueError(f"x must have shape [batch >= 1, ...], got {list(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"x contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
+    check_batch_tensor(x, "x")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     if method not in METHODS:

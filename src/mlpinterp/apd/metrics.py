@@ -21,7 +21,7 @@ from mlpinterp.apd.attributions import attributions
 from mlpinterp.apd.components import Components
 from mlpinterp.apd.forward import run_with_components
 from mlpinterp.apd.masks import topk_mask
-from mlpinterp.utils.validation import check_shape, to_numpy
+from mlpinterp.utils.validation import check_batch_tensor, check_shape, to_numpy
 
 
 def _pos_int(v, name: str) -> int:
@@ -33,19 +33,7 @@ def _pos_int(v, name: str) -> int:
 
 def _check_x(model: nn.Module, x, name: str = "x") -> torch.Tensor:
     """``x`` must be a finite floating-point tensor ``[batch >= 1, ...]`` that ``model`` accepts (tried on one row)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor [batch, ...], got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.ndim < 2 or x.shape[0] < 1:
-        raise ValueError(f"{name} must have shape [batch >= 1, ...] (a batch dimension first), got {list(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
-    try:
-        model(x[:1])
-    except (RuntimeError, ValueError, TypeError, IndexError) as e:
-        raise ValueError(f"{name} of shape {list(x.shape)} and dtype {x.dtype} does not fit the model ({e})") from e
-    return x
+    return check_batch_tensor(x, name, model)
 
 
 def mmcs_ml2r(W, P) -> tuple[float, float, np.ndarray]:

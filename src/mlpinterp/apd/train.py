@@ -37,6 +37,7 @@ from mlpinterp.apd.losses import (
 )
 from mlpinterp.apd.masks import batch_topk_mask, topk_mask
 from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.validation import check_batch_tensor
 
 
 @dataclass(frozen=True)
@@ -344,22 +345,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
 def _check_batch(model: nn.Module, x, step: int, first: bool) -> torch.Tensor:
     """``sample(step)`` must return a finite floating-point ``[batch, ...]`` tensor (on the first step also one that the
     model accepts)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"sample({step}) must return a torch.Tensor [batch_size, ...], got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"sample({step}) must return a floating-point tensor, got dtype {x.dtype}")
-    if x.ndim < 2 or x.shape[0] < 1:
-        raise ValueError(f"sample({step}) must return a [batch_size >= 1, ...] tensor, got shape {list(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"sample({step}) returned {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
-    if first:
-        try:
-            with torch.no_grad():
-                model(x[:1])
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:
-            raise ValueError(f"sample({step}) returned shape {list(x.shape)}, dtype {x.dtype}, which the model "
-                             f"does not accept ({e})") from e
-    return x
+    return check_batch_tensor(x, f"sample({step})", model if first else None)
 
 
 def with_overrides(cfg: APDConfig, **kw) -> APDConfig:

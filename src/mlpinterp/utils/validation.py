@@ -78,3 +78,29 @@ def as_inputs(X, d_in: int) -> tuple[np.ndarray, bool]:
     if X.ndim != 2 or X.shape[1] != d_in:
         raise ValueError(f"X must have shape [n, d_in={d_in}], got {list(X.shape)}")
     return X, single
+
+
+def check_batch_tensor(x, name: str, model=None):
+    """``x`` must be a finite floating-point ``torch.Tensor`` ``[batch >= 1, ...]``; with ``model`` also one that
+    ``model`` accepts (tried on the first row under ``torch.no_grad()``). Returns ``x``.
+
+    Raises ``TypeError`` (not a floating-point tensor) or ``ValueError`` (no batch dimension, NaN/inf, rejected by
+    ``model``), each naming ``name``.
+    """
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [batch, ...], got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim < 2 or x.shape[0] < 1:
+        raise ValueError(f"{name} must have shape [batch >= 1, ...] (a batch dimension first), got {list(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
+    if model is not None:
+        try:
+            with torch.no_grad():
+                model(x[:1])
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"{name} of shape {list(x.shape)} and dtype {x.dtype} does not fit the model ({e})") from e
+    return x
