@@ -36,6 +36,10 @@ def test_cli_tms_quick(tmp_path):
     assert res2.exit_code == 0, res2.output
     again = json.loads((tmp_path / "metrics.json").read_text())
     assert again["summary"]["mmcs"] == metrics["summary"]["mmcs"]
+    # a different learning rate in the same directory is refused (the checkpoint holds another configuration)
+    res3 = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
+                                    str(tmp_path), "--quick", "--quiet", "--steps", "40", "--lr", "0.01"])
+    assert res3.exit_code != 0 and "lr" in str(res3.exception), res3.exception
 
 
 def test_reproduce_resid_and_gated_tiny(tmp_path):

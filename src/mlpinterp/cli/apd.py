@@ -33,6 +33,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="Reduced CPU preset instead of the paper's."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
         steps: int | None = typer.Option(None, "--steps", min=1, help="Override the number of APD steps."),
+        lr: float | None = typer.Option(None, "--lr", min=0.0, help="Override the preset's peak learning rate."),
         threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
     ) -> None:
         """Train the target if needed, decompose it with APD, write figures, metrics.json and report.md."""
@@ -41,8 +42,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.experiments.apd import reproduce
 
         torch.set_num_threads(threads)
-        result = reproduce(setting.value, seeds, out, quick=quick, quiet=quiet,
-                           overrides={"steps": steps} if steps else None)
+        overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {})}
+        result = reproduce(setting.value, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None)
         for k, (mu, sd) in result["summary"].items():
             typer.echo(f"{k:28s} {mu:.4g} ± {sd:.2g}")
         typer.echo(f"report: {out / 'report.md'}")
