@@ -351,7 +351,8 @@ class MinilmExperiment:
     inactivity_threshold: float = 50.0
     """Re-initialise above this cubed relative deviation. Real activations fire far less uniformly than the
     synthetic data: healthy SAEs measured 2-22 on MiniLM layer 3 (k 6-12, 300 steps), so 50 only catches
-    outliers (the synthetic default 0.5 is likewise an order of magnitude above healthy values 0.03-0.09 after the first window)."""
+    outliers (the synthetic default 0.5 is likewise far above healthy values: 0.03-0.09 after the first
+    window)."""
 
     @classmethod
     def quick(cls, **kw) -> MinilmExperiment:
