@@ -50,7 +50,7 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
     assert other.exit_code != 0 and "different settings (steps)" in str(other.exception)
 
 
-def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights():
+def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights(tmp_path):
     from mlpinterp.experiments.mfr import conditions
 
     got = conditions(("baseline", "mfr"), None, (0.1, 0.01))
@@ -58,8 +58,9 @@ def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights():
                    "mfr_alpha0.01": (True, True, 0.01)}
     with pytest.raises(ValueError, match="extra_alphas"):
         conditions(("mfr",), None, (-1.0,))
-    res = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--extra-alpha", "nan", "--out", "unused"])
-    assert res.exit_code != 0
+    res = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--extra-alpha", "nan", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "extra_alphas" in str(res.exception)
+    assert not (tmp_path / "o").exists()  # rejected before anything is written
 
 
 def test_reproduce_mfr_rejects_unknown_setting(tmp_path):

@@ -123,6 +123,7 @@ def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.nd
 def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticExperiment(), *,
                   quiet: bool = False, device: str = "cpu") -> dict:
     """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
+    conds = conditions(tuple(CONDITIONS), exp.alpha, exp.extra_alphas)  # validates before anything is written
     out = Path(out)
     _guard_settings(out, exp)
     results: list[dict] = []
@@ -131,8 +132,7 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
         for seed in range(exp.seeds):
             data = SyntheticData(SyntheticConfig(k_active=k, seed=seed))
             held = data.batch(10_000_000, exp.eval_samples).x  # far beyond any training index
-            for cond, (penalty, reinit, alpha) in conditions(tuple(CONDITIONS), exp.alpha,
-                                                             exp.extra_alphas).items():
+            for cond, (penalty, reinit, alpha) in conds.items():
                 run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
                 done = run_dir / "result.json"
                 if done.exists():
@@ -374,6 +374,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     )
     from mlpinterp.sae.evaluate import embedding_recovered, lm_loss_recovered
 
+    conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
     out = Path(out)
     _guard_settings(out, exp)
     t_start = time.time()
@@ -401,8 +402,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     results: list[dict] = []
     for k in exp.k_values:
         for seed in range(exp.seeds):
-            for cond, (penalty, reinit, alpha) in conditions(("baseline", "mfr"), exp.alpha,
-                                                             exp.extra_alphas).items():
+            for cond, (penalty, reinit, alpha) in conds.items():
                 run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
                 done = run_dir / "result.json"
                 if done.exists():
