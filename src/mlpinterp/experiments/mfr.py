@@ -231,6 +231,9 @@ def _savefig(fig, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+_COLORS = {"baseline": "C0", "reinit": "C3", "mfr": "C1", "mfr_alpha0.1": "C2"}
+
+
 def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) -> None:
     import matplotlib
 
@@ -242,14 +245,17 @@ def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict])
     for ax, key, label in zip(axes, ["mmcs_truth", "fvu", "correlation"],
                               ["MMCS to true features (Hungarian)", "held-out FVU",
                                "corr(cross-SAE sim., truth sim.)"], strict=True):
-        for cond in summary:
+        for i, cond in enumerate(summary):
             ks = sorted(int(k) for k in summary[cond])
             m = [summary[cond][str(k)][key]["mean"] for k in ks]
             se = [np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks]
-            ax.errorbar(ks, m, yerr=se, marker="o", capsize=3, label=cond)
+            # reinit often equals the baseline (no re-initialisation fired): dashed, so both stay visible
+            ax.errorbar(ks, m, yerr=se, marker="x" if cond == "reinit" else "o", ls="--" if cond == "reinit" else "-",
+                        capsize=3, label=cond, color=_COLORS.get(cond, f"C{3 + i}"))
         if key == "correlation":
-            ax.axhline(PAPER["synthetic_correlation_baseline"], ls="--", c="C0", lw=1, label="paper baseline")
-            ax.axhline(PAPER["synthetic_correlation_reinit"], ls="--", c="C1", lw=1, label="paper reinit")
+            ax.axhline(PAPER["synthetic_correlation_baseline"], ls=":", c=_COLORS["baseline"], lw=1,
+                       label="paper baseline")
+            ax.axhline(PAPER["synthetic_correlation_reinit"], ls=":", c=_COLORS["reinit"], lw=1, label="paper reinit")
         ax.set_xlabel("k (= active features per sample)")
         ax.set_title(label)
         ax.legend(fontsize=8)
@@ -457,9 +463,9 @@ def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovere
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, key, label in zip(axes, ["fvu", downstream, "dead_fraction"],
                               ["held-out FVU", downstream.replace("_", " "), "dead fraction"], strict=True):
-        for cond in summary:
+        for i, cond in enumerate(summary):
             ks = sorted(int(k) for k in summary[cond])
-            ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks],
+            ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks], color=_COLORS.get(cond, f"C{3 + i}"),
                         yerr=[np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks],
                         marker="o", capsize=3, label=cond)
         ax.set_xlabel("k")
