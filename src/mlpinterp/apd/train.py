@@ -133,10 +133,6 @@ class APDConfig:
             v = getattr(self, name)
             if isinstance(v, str) or not isinstance(v, (tuple, list)) or not all(isinstance(t, str) for t in v):
                 raise TypeError(f"{name} must be a tuple of module/parameter names (str), got {v!r}")
-        if self.C <= 0:
-            raise ValueError(f"C must be positive, got {self.C}")
-        if self.steps <= 0 or self.batch_size <= 0:
-            raise ValueError(f"steps and batch_size must be positive, got {self.steps}, {self.batch_size}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
@@ -160,8 +156,6 @@ class APDConfig:
             raise ValueError(f"attribution_source must be one of {SOURCES}, got {self.attribution_source!r}")
         if self.act_recon_coeff > 0 and not self.act_names:
             raise ValueError("act_recon_coeff > 0 needs act_names (modules whose outputs to reconstruct)")
-        if self.m is not None and self.m <= 0:
-            raise ValueError(f"m must be positive or None, got {self.m}")
 
 
 @dataclass

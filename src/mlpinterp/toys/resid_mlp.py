@@ -177,8 +177,6 @@ def train_resid_mlp(cfg: ResidMLPConfig, quiet: bool = False) -> tuple[ResidualM
 
     ``info["loss"]`` is the held-out MSE (mean over features and 20 000 samples).
     """
-    if cfg.steps <= 0 or cfg.batch_size <= 0:
-        raise ValueError(f"steps and batch_size must be positive, got {cfg}")
     model = build_resid_mlp(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for step in tqdm(range(cfg.steps), desc="train resid-MLP", disable=quiet, leave=False):

@@ -102,8 +102,6 @@ def train_tms(cfg: TMSConfig, quiet: bool = False) -> tuple[TMS, dict]:
     """
     if not isinstance(cfg, TMSConfig):
         raise TypeError(f"cfg must be a TMSConfig, got {type(cfg).__name__}")
-    if cfg.n_instances <= 0 or cfg.steps <= 0 or cfg.batch_size <= 0:
-        raise ValueError(f"n_instances, steps and batch_size must be positive, got {cfg}")
     torch.manual_seed(cfg.seed)
     I, n, h = cfg.n_instances, cfg.n_features, cfg.d_hidden
     W = torch.empty(I, h, n)
