@@ -76,9 +76,4 @@ def monomial_to_hermite(n: int) -> np.ndarray:
     Raises:
         TypeError / ValueError: ``n`` not a non-negative int.
     """
-    n = _check_degree(n)
-    M = np.zeros((n + 1, n + 1))
-    for i in range(n + 1):
-        for m in range(i // 2 + 1):
-            M[i, i - 2 * m] = math.factorial(i) / (math.factorial(m) * math.factorial(i - 2 * m) * 2**m)
-    return M
+    return np.abs(hermite_to_monomial(n))  # the same coefficients as H without the signs (-1)^m
