@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpinterp.toys.data import _check_int, _check_real
 from mlpinterp.toys.resid_mlp import MLPBlock
+from mlpinterp.utils.validation import check_int, check_real
 
 GATE_M = 10.0
 X_RANGE = (0.0, 5.0)
@@ -35,7 +35,7 @@ class GatedTrigMLP(nn.Module):
     def __init__(self, d_resid: int, d_mlp: int, n_layers: int, n_functions: int):
         super().__init__()
         for name, v in (("d_resid", d_resid), ("d_mlp", d_mlp), ("n_layers", n_layers), ("n_functions", n_functions)):
-            _check_int(v, name)
+            check_int(v, name)
         if d_resid != n_functions + 2:
             raise ValueError(f"d_resid must be n_functions + 2 = {n_functions + 2}, got {d_resid}")
         self.d_resid, self.d_mlp, self.n_layers, self.n_functions = d_resid, d_mlp, n_layers, n_functions
@@ -94,8 +94,8 @@ def build_gated_trig(
     (``[n_layers, d_mlp]`` function index of every neuron)."""
     for name, v in (("n_functions", n_functions), ("neurons_per_function", neurons_per_function),
                     ("n_layers", n_layers)):
-        _check_int(v, name, minimum=None)
-    _check_int(seed, "seed", minimum=0)
+        check_int(v, name, minimum=None)
+    check_int(seed, "seed", minimum=0)
     if n_functions <= 0 or neurons_per_function < 3 or n_layers <= 0:
         raise ValueError("need n_functions >= 1, neurons_per_function >= 3, n_layers >= 1; got "
                          f"{n_functions}, {neurons_per_function}, {n_layers}")
@@ -139,9 +139,9 @@ def gated_trig_inputs(
     n: int, n_functions: int, p: float = 0.05, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """``[n, 1 + n_functions]``: ``x ~ U[0, 5]`` and Bernoulli(``p``) control bits."""
-    _check_int(n, "n")
-    _check_int(n_functions, "n_functions")
-    _check_real(p, "p", 0.0, 1.0)
+    check_int(n, "n")
+    check_int(n_functions, "n_functions")
+    check_real(p, "p", 0.0, 1.0)
     x = torch.rand(n, 1, generator=generator) * (X_RANGE[1] - X_RANGE[0]) + X_RANGE[0]
     bits = (torch.rand(n, n_functions, generator=generator) < p).float()
     return torch.cat([x, bits], dim=1)

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mlpinterp.toys.data import _check_int, _check_real, sparse_features, step_generator
+from mlpinterp.toys.data import sparse_features, step_generator
+from mlpinterp.utils.validation import check_int, check_real
 
 
 class MLPBlock(nn.Module):
@@ -52,7 +53,7 @@ class ResidualMLP(nn.Module):
     def __init__(self, n_features: int, d_embed: int, d_mlp: int, n_layers: int, W_E: torch.Tensor):
         super().__init__()
         for name, v in (("n_features", n_features), ("d_embed", d_embed), ("d_mlp", d_mlp), ("n_layers", n_layers)):
-            _check_int(v, name)
+            check_int(v, name)
         if not isinstance(W_E, torch.Tensor) or not W_E.is_floating_point():
             raise TypeError(f"W_E must be a floating-point torch.Tensor [n_features, d_embed], got "
                             f"{W_E.dtype if isinstance(W_E, torch.Tensor) else type(W_E).__name__}")
@@ -150,11 +151,11 @@ class ResidMLPConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_features", "d_embed", "d_mlp", "n_layers", "steps", "batch_size"):
-            _check_int(getattr(self, name), name)
-        _check_int(self.seed, "seed", minimum=None)
-        _check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
-        _check_real(self.lr, "lr", 0.0, lo_open=True)
-        _check_real(self.weight_decay, "weight_decay", 0.0)
+            check_int(getattr(self, name), name)
+        check_int(self.seed, "seed", minimum=None)
+        check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
+        check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_real(self.weight_decay, "weight_decay", 0.0)
 
 
 RESID_PRESETS: dict[str, ResidMLPConfig] = {

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from mlpinterp.toys.data import _check_int, _check_real, sparse_features, step_generator
+from mlpinterp.toys.data import sparse_features, step_generator
+from mlpinterp.utils.validation import check_int, check_real
 
 
 class TMS(nn.Module):
@@ -25,8 +26,8 @@ class TMS(nn.Module):
 
     def __init__(self, n_features: int, d_hidden: int):
         super().__init__()
-        _check_int(n_features, "n_features")
-        _check_int(d_hidden, "d_hidden")
+        check_int(n_features, "n_features")
+        check_int(d_hidden, "d_hidden")
         self.n_features, self.d_hidden = int(n_features), int(d_hidden)
         self.W = nn.Parameter(torch.empty(d_hidden, n_features))
         self.b = nn.Parameter(torch.zeros(n_features))
@@ -80,11 +81,11 @@ class TMSConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_features", "d_hidden", "steps", "batch_size", "n_instances"):
-            _check_int(getattr(self, name), name)
-        _check_int(self.seed, "seed", minimum=None)
-        _check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
-        _check_real(self.lr, "lr", 0.0, lo_open=True)
-        _check_real(self.weight_decay, "weight_decay", 0.0)
+            check_int(getattr(self, name), name)
+        check_int(self.seed, "seed", minimum=None)
+        check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
+        check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_real(self.weight_decay, "weight_decay", 0.0)
 
 
 TMS_PRESETS: dict[str, TMSConfig] = {

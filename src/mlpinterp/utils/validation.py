@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -104,3 +105,27 @@ def check_batch_tensor(x, name: str, model=None):
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             raise ValueError(f"{name} of shape {list(x.shape)} and dtype {x.dtype} does not fit the model ({e})") from e
     return x
+
+
+def check_int(v, name: str, minimum: int | None = 1) -> int:
+    """``v`` must be an int (not a bool, not a float) ``>= minimum``; raises ``TypeError``/``ValueError`` naming it."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def check_real(v, name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> float:
+    """``v`` must be a finite real number (not a bool) in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__} {v!r}")
+    if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        if lo is None and hi is None:
+            rng = ""
+        elif hi is None:
+            rng = f" and {'>' if lo_open else '>='} {lo:g}"
+        else:
+            rng = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise ValueError(f"{name} must be finite{rng}, got {v}")
+    return float(v)
