@@ -16,17 +16,16 @@ from mlpinterp.apd import (
     scrubbing,
     topk_mask,
 )
-from mlpinterp.toys import TMS, TMSConfig, sparse_features, step_generator, tms_ground_truth, train_tms
+from mlpinterp.toys import TMS, sparse_features, step_generator, tms_ground_truth
 
 torch.set_num_threads(1)
 # torch's first forward-mode AD call scripts its jvp decompositions with the deprecated torch.jit.script
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def tms_gt():
-    model, _ = train_tms(TMSConfig(n_features=5, d_hidden=2, steps=800, batch_size=512, n_instances=2), quiet=True)
-    model.requires_grad_(False)
+@pytest.fixture()
+def tms_gt(tms52_target):
+    model = tms52_target.requires_grad_(False)
     A, B = tms_ground_truth(model)
     comps = Components.from_weights(resolve_sites(model, ["W"]), {"W": A @ B})
     return model, comps

@@ -8,11 +8,9 @@ import torch
 
 from mlpinterp.apd import APDConfig, decompose, lr_at, mmcs_ml2r, with_overrides
 from mlpinterp.toys import (
-    TMSConfig,
     build_resid_mlp,
     sparse_features,
     step_generator,
-    train_tms,
 )
 from mlpinterp.toys.resid_mlp import ResidMLPConfig
 
@@ -21,10 +19,9 @@ torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def tms52():
-    model, _ = train_tms(TMSConfig(n_features=5, d_hidden=2, steps=800, batch_size=512, n_instances=2), quiet=True)
-    return model
+@pytest.fixture()
+def tms52(tms52_target):
+    return tms52_target
 
 
 def _sample_tms(step):
