@@ -77,21 +77,52 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
 
 
 @contextmanager
-def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor]) -> Iterator[None]:
-    """Within the block, the output ``h [..., d]`` of ``hook_point`` is replaced by ``fn(h)`` (same shape)."""
+def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
+           input_of: str | None = None) -> Iterator[None]:
+    """Within the block, the output ``h [..., d]`` of ``hook_point`` is replaced by ``fn(h)``.
+
+    With ``input_of`` (another module path), ``fn`` receives instead the tensor that module was called with
+    (its first positional argument) in the same forward pass: e.g. an FFN approximant ``p`` spliced in with
+    ``splice(model, "encoder.layer.3.output.dense", p, input_of="encoder.layer.3.intermediate.dense")``
+    replaces the block's output by ``p(x)`` of the block's own input ``x``. The replacement must have the
+    shape of the output it replaces (``ValueError`` otherwise); it is cast to the output's dtype and device.
+    Raises ``ValueError`` if ``input_of`` was not called before ``hook_point`` in a forward pass.
+    """
     module = resolve_hook_point(model, hook_point)
+    source = resolve_hook_point(model, input_of) if input_of is not None else None
+    seen: list[Tensor] = []
+
+    def replace(h: Tensor) -> Tensor:
+        if source is None:
+            arg = h
+        elif not seen:
+            raise ValueError(f"module {input_of!r} was not called before {hook_point!r} in this forward pass")
+        else:
+            arg = seen.pop()
+        new = fn(arg)
+        if not isinstance(new, Tensor) or new.shape != h.shape:
+            raise ValueError(f"the replacement for {hook_point!r} must be a tensor of shape {list(h.shape)}, got "
+                             f"{list(new.shape) if isinstance(new, Tensor) else type(new).__name__}")
+        return new.to(h.device, h.dtype)
 
     def hook(_mod, _inp, out):
         if isinstance(out, (tuple, list)):
-            return type(out)([fn(out[0]), *out[1:]])
+            return type(out)([replace(out[0]), *out[1:]])
         if isinstance(out, dict):  # Hugging Face ModelOutput: replace its first field
             key = next(iter(out.keys()))
-            out[key] = fn(out[key])
+            out[key] = replace(out[key])
             return out
-        return fn(out)
+        return replace(out)
 
-    handle = module.register_forward_hook(hook)
+    def pre_hook(_mod, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        seen[:] = [x]
+
+    handles = [module.register_forward_hook(hook)]
+    if source is not None:
+        handles.append(source.register_forward_pre_hook(pre_hook, with_kwargs=True))
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()

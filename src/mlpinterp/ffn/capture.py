@@ -1,0 +1,313 @@
+"""The real inputs of a transformer's FFN blocks, captured from text in one forward pass per batch.
+
+For each FFN block (an :class:`~mlpinterp.ffn.blocks.FFNSite`) the tensor read is the one the block receives:
+the first argument of its ``input_module`` (for post-LN BERT the attention output after its LayerNorm; for pre-LN
+GPT-2 / Llama the output of the block's LayerNorm). One forward pass feeds every requested block; it stops right
+after the deepest one.
+
+Text (the bundled corpora by default) is tokenised with the model's tokenizer and cut into ``ctx_len``-token
+sequences (:func:`mlpinterp.lm.text.token_chunks`). Consecutive sequences of one file are grouped into
+*passages* of ``passage_chunks`` sequences; the fit / held-out split is by passage (seeded), so no held-out token
+shares a passage with a fit token. Special tokens are excluded by default.
+
+Moments are accumulated as float64 sums (:class:`Moments`) over every fit token, so a capture split across
+``torchrun`` processes (each reads sequences ``rank, rank + world, ...``) all-reduces to exactly the moments of a
+single-process capture. Up to ``keep_fit`` fit activations per block are kept (a seeded uniform subsample) for
+the sample-based fits; every held-out activation is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mlpinterp.lm.hooks import resolve_hook_point
+from mlpinterp.lm.text import read_texts, token_chunks
+from mlpinterp.utils.validation import check_int, check_real
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How FFN inputs are read from text."""
+
+    ctx_len: int = 128
+    """Tokens per sequence, special tokens included."""
+
+    seq_batch: int = 32
+    """Sequences per forward pass."""
+
+    max_tokens: int = 100_000
+    """Content tokens to read in all (fit + held-out); fewer if the corpus is smaller."""
+
+    heldout_fraction: float = 0.2
+    """Fraction of passages held out for evaluation."""
+
+    passage_chunks: int = 8
+    """Consecutive sequences of one file that form a passage, the unit of the fit / held-out split."""
+
+    keep_fit: int = 100_000
+    """Fit activations kept per block for sample-based fits (moments always use every fit token)."""
+
+    exclude_special: bool = True
+    """Drop positions holding special tokens ([CLS], [SEP], padding, BOS/EOS)."""
+
+    seed: int = 0
+    """Seed of the passage split, the passage order and the kept subsample."""
+
+    def __post_init__(self) -> None:
+        for name in ("ctx_len", "seq_batch", "max_tokens", "passage_chunks", "keep_fit"):
+            check_int(getattr(self, name), name, minimum=1)
+        check_real(self.heldout_fraction, "heldout_fraction", 0.0, 1.0, lo_open=True)
+        if self.heldout_fraction >= 1.0:
+            raise ValueError(f"heldout_fraction must be < 1 (something must be left to fit), got {self.heldout_fraction}")
+        check_int(self.seed, "seed", minimum=0)
+
+
+@dataclass
+class Moments:
+    """Float64 sums of the fit activations of one block: ``n``, ``s1 = sum x [d]``, ``s2 = sum x x^T [d, d]``.
+
+    Sums (not means) so that captures on several processes combine exactly (:meth:`all_reduce`).
+    """
+
+    n: int
+    s1: np.ndarray
+    s2: np.ndarray
+
+    @classmethod
+    def zeros(cls, d: int) -> Moments:
+        return cls(0, np.zeros(d), np.zeros((d, d)))
+
+    def add(self, X: np.ndarray) -> None:
+        """Accumulate a batch ``X [m, d]`` (float64)."""
+        self.n += X.shape[0]
+        self.s1 += X.sum(0)
+        self.s2 += X.T @ X
+
+    def all_reduce(self) -> Moments:
+        """Sum over the processes of the default ``torch.distributed`` group (no-op when not initialised)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            buf = torch.from_numpy(np.concatenate([[float(self.n)], self.s1, self.s2.ravel()]))
+            dist.all_reduce(buf)
+            b = buf.numpy()
+            d = self.s1.shape[0]
+            self.n, self.s1, self.s2 = int(round(b[0])), b[1:1 + d].copy(), b[1 + d:].reshape(d, d).copy()
+        return self
+
+    @property
+    def mean(self) -> np.ndarray:
+        """``[d]``."""
+        return self.s1 / self.n
+
+    def cov(self) -> np.ndarray:
+        """Unbiased covariance ``[d, d]`` (raises ``ValueError`` for fewer than ``d + 1`` tokens)."""
+        d = self.s1.shape[0]
+        if self.n < d + 1:
+            raise ValueError(f"a covariance of a {d}-dimensional FFN input needs at least d + 1 = {d + 1} fit tokens, "
+                             f"got {self.n}; give more text (or a larger max_tokens)")
+        m = self.mean
+        C = (self.s2 - self.n * np.outer(m, m)) / (self.n - 1)
+        return 0.5 * (C + C.T)
+
+
+@dataclass
+class BlockCapture:
+    """What was read at one FFN block."""
+
+    fit: Tensor
+    """Kept fit activations ``[n_kept, d_in]`` (float32, a uniform subsample of at most ``keep_fit``)."""
+
+    heldout: Tensor
+    """All held-out activations ``[n_heldout, d_in]`` (float32)."""
+
+    moments: Moments
+    """Sums over every fit token (float64)."""
+
+
+@dataclass
+class Capture:
+    """FFN inputs of several blocks of one model, and the token sequences they came from."""
+
+    blocks: dict[str, BlockCapture]
+    """FFN path -> what was read there."""
+
+    fit_ids: Tensor
+    """Fit sequences ``[n_fit_seq, ctx_len]`` (this process's share)."""
+
+    heldout_ids: Tensor
+    """Held-out sequences ``[n_heldout_seq, ctx_len]`` (this process's share), for splice-in evaluation."""
+
+    n_fit_tokens: int
+    """Fit tokens seen (all processes)."""
+
+    n_heldout_tokens: int
+    """Held-out tokens (this process)."""
+
+    seconds: float
+    """Wall time of the forward passes."""
+
+    info: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Content tokens captured per second of forward passes (this process)."""
+        n = self.info.get("local_tokens", self.n_fit_tokens + self.n_heldout_tokens)
+        return n / self.seconds if self.seconds > 0 else float("nan")
+
+
+class _Stop(Exception):
+    pass
+
+
+def split_passages(n_chunks: int, file_of_chunk: np.ndarray, cfg: CaptureConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded passage split: indices of fit chunks and held-out chunks (each in a seeded passage order).
+
+    Passages are runs of ``passage_chunks`` consecutive chunks of one file. The number of chunks used is capped so
+    that about ``max_tokens`` content tokens are read. Raises ``ValueError`` when there are fewer than 2 passages.
+    """
+    starts = [0] + [i for i in range(1, n_chunks) if file_of_chunk[i] != file_of_chunk[i - 1]]
+    passages: list[np.ndarray] = []
+    for s, e in zip(starts, starts[1:] + [n_chunks], strict=True):
+        for p in range(s, e, cfg.passage_chunks):
+            passages.append(np.arange(p, min(p + cfg.passage_chunks, e)))
+    if len(passages) < 2:
+        raise ValueError(f"the text yields {len(passages)} passage(s) of {cfg.passage_chunks} sequences of "
+                         f"{cfg.ctx_len} tokens; a fit / held-out split needs at least 2: give more text or lower "
+                         "passage_chunks / ctx_len")
+    rng = np.random.default_rng(cfg.seed)
+    order = rng.permutation(len(passages))
+    n_held = min(max(1, int(round(cfg.heldout_fraction * len(passages)))), len(passages) - 1)
+    held = [passages[i] for i in order[:n_held]]
+    fit = [passages[i] for i in order[n_held:]]
+    return np.concatenate(fit), np.concatenate(held)
+
+
+def _content_mask(ids: Tensor, special: Tensor, exclude_special: bool) -> Tensor:
+    return ~torch.isin(ids, special) if exclude_special else torch.ones_like(ids, dtype=torch.bool)
+
+
+@torch.no_grad()
+def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str], cfg: CaptureConfig = CaptureConfig(),
+                       texts: Sequence[str] | None = None, *, quiet: bool = False) -> Capture:
+    """Read the inputs of the FFN blocks ``input_modules`` (FFN path -> input-module path) from real text.
+
+    Parameters
+    ----------
+    model : a Hugging Face model (called as ``model(input_ids=..., attention_mask=...)``), in eval mode.
+    tokenizer : its tokenizer.
+    input_modules : e.g. ``{"encoder.layer.3": "encoder.layer.3.intermediate.dense"}``
+        (:attr:`~mlpinterp.ffn.blocks.FFNSite.input_module` of each block).
+    cfg : :class:`CaptureConfig`.
+    texts : documents (default: the bundled corpora, :func:`mlpinterp.lm.text.read_texts`).
+    quiet : no progress bar.
+
+    Under ``torch.distributed`` each process reads every ``world``-th fit and held-out sequence; the moments are
+    all-reduced, the kept activations and held-out sequences stay local.
+
+    Raises
+    ------
+    ValueError : an unknown module path, text too short for a split or a covariance, a block that was not called.
+    """
+    import torch.distributed as dist
+    from tqdm.auto import tqdm
+
+    if not input_modules:
+        raise ValueError("input_modules must name at least one FFN block")
+    modules = {path: resolve_hook_point(model, mod) for path, mod in input_modules.items()}
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    texts = list(texts) if texts is not None else read_texts()
+    per_file = []
+    for text in texts:
+        try:
+            per_file.append(token_chunks(tokenizer, [text], cfg.ctx_len))
+        except ValueError:  # a document shorter than one sequence
+            continue
+    if not per_file:
+        raise ValueError(f"the text holds no document of at least ctx_len={cfg.ctx_len} tokens")
+    chunks = torch.cat(per_file)
+    file_of = np.concatenate([np.full(c.shape[0], i) for i, c in enumerate(per_file)])
+    fit_idx, held_idx = split_passages(chunks.shape[0], file_of, cfg)
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=chunks.dtype)
+    content = float(_content_mask(chunks[:64], special, cfg.exclude_special).sum()) / min(64, chunks.shape[0])
+    n_seq = max(2, int(np.ceil(cfg.max_tokens / max(content, 1.0))))
+    n_held_seq = max(1, int(round(cfg.heldout_fraction * n_seq)))
+    fit_idx, held_idx = fit_idx[: max(1, n_seq - n_held_seq)], held_idx[:n_held_seq]
+    fit_ids, held_ids = chunks[fit_idx[rank::world]], chunks[held_idx[rank::world]]
+    if fit_ids.shape[0] == 0 or held_ids.shape[0] == 0:
+        raise ValueError(f"process {rank} of {world} gets no fit or no held-out sequence; give more text")
+
+    store: dict[str, Tensor] = {}
+    stop_after: list[str] = []  # the block read last, learnt in the first forward pass (later passes stop there)
+
+    def make_hook(path: str):
+        def pre_hook(_mod, args, kwargs):
+            x = args[0] if args else next(iter(kwargs.values()))
+            store[path] = x.detach()
+            if stop_after and path == stop_after[0] and len(store) == len(modules):
+                raise _Stop
+
+        return pre_hook
+
+    handles = [m.register_forward_pre_hook(make_hook(p), with_kwargs=True) for p, m in modules.items()]
+    rng = np.random.default_rng(cfg.seed + 1 + rank)
+    device = next(model.parameters()).device
+    d_of: dict[str, int] = {}
+    moments: dict[str, Moments] = {}
+    kept: dict[str, list[Tensor]] = {p: [] for p in modules}
+    held: dict[str, list[Tensor]] = {p: [] for p in modules}
+    n_local = 0
+    t0 = time.perf_counter()
+    try:
+        total = fit_ids.shape[0] + held_ids.shape[0]
+        bar = tqdm(total=total, desc="capture FFN inputs", unit="seq", disable=quiet, leave=False)
+        for split, ids_all in (("fit", fit_ids), ("heldout", held_ids)):
+            n_fit_total = fit_ids.shape[0] * content
+            keep_p = min(1.0, cfg.keep_fit / max(n_fit_total, 1.0))
+            for s in range(0, ids_all.shape[0], cfg.seq_batch):
+                ids = ids_all[s:s + cfg.seq_batch]
+                store.clear()
+                try:
+                    model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device))
+                except _Stop:
+                    pass
+                missing = [p for p in modules if p not in store]
+                if missing:
+                    raise ValueError(f"FFN input module(s) {[input_modules[p] for p in missing]} were not called in "
+                                     "the forward pass")
+                if not stop_after:
+                    stop_after.append(list(store)[-1])
+                mask = _content_mask(ids, special, cfg.exclude_special)
+                n_local += int(mask.sum())
+                sel = rng.random(int(mask.sum())) < keep_p if split == "fit" else None
+                for p, x in store.items():
+                    a = x[mask.to(x.device)].to("cpu", torch.float64)
+                    if p not in moments:
+                        d_of[p] = a.shape[-1]
+                        moments[p] = Moments.zeros(a.shape[-1])
+                    if split == "fit":
+                        moments[p].add(a.numpy())
+                        kept[p].append(a[torch.from_numpy(sel)].float())
+                    else:
+                        held[p].append(a.float())
+                bar.update(ids.shape[0])
+        bar.close()
+    finally:
+        for h in handles:
+            h.remove()
+    seconds = time.perf_counter() - t0
+    blocks = {}
+    for p in modules:
+        m = moments[p].all_reduce()
+        blocks[p] = BlockCapture(fit=torch.cat(kept[p])[: cfg.keep_fit], heldout=torch.cat(held[p]), moments=m)
+    first = next(iter(blocks.values()))
+    return Capture(blocks=blocks, fit_ids=fit_ids, heldout_ids=held_ids, n_fit_tokens=first.moments.n,
+                   n_heldout_tokens=first.heldout.shape[0], seconds=seconds,
+                   info={"local_tokens": n_local, "rank": rank, "world": world, "n_files": len(per_file),
+                         "content_per_seq": content})

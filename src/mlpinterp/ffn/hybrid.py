@@ -1,0 +1,164 @@
+"""The paper's remedy for non-Gaussian inputs: start from the closed form, fine-tune on real activations.
+
+Rigg & Belrose (2025, arXiv 2502.01032, Limitations and §4) initialise at the closed-form approximant and
+fine-tune it on data. Here the fine-tuning runs in the factored ridge parameterisation
+(:mod:`mlpinterp.ffn.readout`), so degrees 2 and 3 stay tractable at d_in = 384..4096: every parameter moves,
+including the neuron directions ``A`` (and the GLU gate-residual directions ``G``), which the exact data projection
+(:mod:`mlpinterp.ffn.projection`) keeps fixed. Optimiser: schedule-free AdamW (Defazio et al. 2024,
+``schedulefree.AdamWScheduleFree``) on the mean squared error normalised by the output variance (the FVU),
+float32, seeded batches of the captured fit activations.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.networks import Network
+from mlpinterp.utils.validation import check_int, check_real
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Fine-tuning settings."""
+
+    steps: int = 500
+    """Optimiser steps."""
+
+    batch_size: int = 2048
+    """Fit activations per step."""
+
+    lr: float = 1e-3
+    """Schedule-free AdamW learning rate."""
+
+    warmup_steps: int = 50
+    """Schedule-free warm-up."""
+
+    eval_every: int = 100
+    """Steps between validation FVU evaluations (recorded in the history)."""
+
+    seed: int = 0
+    """Seed of the batches."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every"):
+            check_int(getattr(self, name), name, minimum=1)
+        check_int(self.warmup_steps, "warmup_steps", minimum=0)
+        check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_int(self.seed, "seed", minimum=0)
+
+
+class ReadoutModule(nn.Module):
+    """A :class:`Readout` with every factor trainable: ``[batch, d_in] -> [batch, d_out]`` (float32)."""
+
+    def __init__(self, ro: Readout, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        bs = ro.basis
+        t = lambda a: torch.tensor(np.asarray(a), dtype=dtype)  # noqa: E731
+        self.register_buffer("center", t(bs.center))
+        self.register_buffer("white", t(bs.white))
+        self.A = nn.Parameter(t(bs.A))
+        self.G = nn.Parameter(t(bs.G)) if bs.gated else None
+        self.b, self.L, self.R = nn.Parameter(t(ro.b)), nn.Parameter(t(ro.L)), nn.Parameter(t(ro.R))
+        self.S = nn.Parameter(t(ro.S)) if ro.S is not None else None
+        self.degree = ro.degree
+
+    def forward(self, x: Tensor) -> Tensor:
+        xc = x.to(self.center.dtype) - self.center
+        out = self.b + (xc @ self.white) @ self.L.T
+        if self.degree >= 2:
+            z = xc @ self.A.T
+            hs = [torch.ones_like(z), z]
+            for k in range(1, self.degree):
+                hs.append(z * hs[k] - k * hs[k - 1])
+            eps = xc @ self.G.T if self.G is not None else None
+            for t in range(2, self.degree + 1):
+                out = out + hs[t] @ self.R[t - 2].T
+                if eps is not None:
+                    out = out + (eps * hs[t - 1]) @ self.S[t - 2].T
+        return out
+
+    def to_readout(self, basis: RidgeBasis) -> Readout:
+        """The trained factors as a float64 :class:`Readout` (its basis carries the trained directions)."""
+        a = lambda p: p.detach().to(torch.float64).cpu().numpy().copy()  # noqa: E731
+        new_basis = RidgeBasis(center=basis.center, A=a(self.A), G=a(self.G) if self.G is not None else None,
+                               white=basis.white)
+        return Readout(new_basis, a(self.b), a(self.L), a(self.R), a(self.S) if self.S is not None else None)
+
+
+@dataclass
+class HybridResult:
+    """A fine-tuned readout and its training record."""
+
+    readout: Readout
+    history: list[dict] = field(default_factory=list)
+    """``{"step", "seconds", "fvu_val"}`` entries (validation FVU on held-back fit activations)."""
+
+    seconds: float = 0.0
+
+
+def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = HybridConfig(), *, X_val=None,
+             quiet: bool = True, desc: str = "hybrid fine-tune") -> HybridResult:
+    """Fine-tune every factor of ``start`` (e.g. ``Readout.from_closed_form(gaussian_fit, basis)``) on ``X_fit``.
+
+    Parameters
+    ----------
+    network : the block (targets ``f(x)`` are computed once, in float64, then cast to float32).
+    start : the initial member of the ridge family.
+    X_fit : ``[m, d_in]`` fit activations (numpy or torch).
+    X_val : optional ``[m', d_in]`` activations for the validation FVU in the history (not used for training).
+
+    Raises ``ValueError`` on a width mismatch or a diverging (non-finite) loss.
+    """
+    import schedulefree
+    from tqdm.auto import tqdm
+
+    def as_tensor(X, name):
+        X = torch.as_tensor(np.asarray(X.numpy() if hasattr(X, "numpy") else X), dtype=torch.float32)
+        if X.ndim != 2 or X.shape[1] != network.d_in:
+            raise ValueError(f"{name} must have shape [m, d_in={network.d_in}], got {list(X.shape)}")
+        return X
+
+    X = as_tensor(X_fit, "X_fit")
+    Y = torch.as_tensor(network(X.double().numpy()), dtype=torch.float32)
+    var = float(((Y - Y.mean(0)) ** 2).sum(1).mean())
+    if not var > 0:
+        raise ValueError("the block's output has zero variance on X_fit; nothing to fit")
+    if X_val is not None:
+        Xv = as_tensor(X_val, "X_val")
+        Yv = torch.as_tensor(network(Xv.double().numpy()), dtype=torch.float32)
+        var_v = float(((Yv - Yv.mean(0)) ** 2).sum())
+    module = ReadoutModule(start)
+    opt = schedulefree.AdamWScheduleFree(module.parameters(), lr=cfg.lr, warmup_steps=cfg.warmup_steps)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history: list[dict] = []
+    t0 = time.perf_counter()
+
+    def validate(step: int) -> None:
+        if X_val is None:
+            return
+        opt.eval()
+        with torch.no_grad():
+            err = sum(float(((module(Xv[s:s + 8192]) - Yv[s:s + 8192]) ** 2).sum()) for s in range(0, Xv.shape[0], 8192))
+        opt.train()
+        history.append({"step": step, "seconds": time.perf_counter() - t0, "fvu_val": err / var_v})
+
+    opt.train()
+    validate(0)
+    for step in tqdm(range(1, cfg.steps + 1), desc=desc, disable=quiet, leave=False):
+        idx = torch.randint(0, X.shape[0], (min(cfg.batch_size, X.shape[0]),), generator=gen)
+        loss = ((module(X[idx]) - Y[idx]) ** 2).sum(1).mean() / var
+        if not torch.isfinite(loss):
+            raise ValueError(f"hybrid fine-tuning diverged at step {step} (loss {float(loss)}); lower lr (got {cfg.lr})")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            validate(step)
+    opt.eval()
+    return HybridResult(module.to_readout(start.basis), history, time.perf_counter() - t0)

@@ -1,0 +1,128 @@
+"""Least-squares projection of an FFN block onto its ridge family under the empirical law of real inputs.
+
+Minimises ``sum_i ||f(x_i) - p(x_i)||^2 + lam ||B_nc||^2`` over the ridge family of degree n
+(:mod:`mlpinterp.ffn.readout`) exactly, through the normal equations ``(M + lam I_nc) B = C`` with
+``M = sum_i phi(x_i) phi(x_i)^T`` and ``C = sum_i phi(x_i) f(x_i)^T``: the closed form of what fine-tuning the
+read-out by SGD would converge to (the paper's own remedy for non-Gaussian inputs, Rigg & Belrose 2025,
+Limitations, fine-tunes the closed form on data). ``M`` and ``C`` are sums, so they are all-reduced under
+``torch.distributed`` and a projection spread over processes equals the single-process one.
+
+Because the features of degree n - 1 lead those of degree n, one pass over the data builds the normal equations of
+every degree <= n. The projection of degree 1 is ordinary least squares of an affine map (the baseline a user
+would compute by hand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.networks import Network
+from mlpinterp.utils.validation import check_int, check_real
+
+#: Default ridge: lam = DEFAULT_RIDGE * (mean diagonal of M over the non-constant features); a conditioning guard,
+#: far below the noise level of 10^4-10^5 tokens.
+DEFAULT_RIDGE = 1e-8
+
+
+@dataclass
+class NormalEquations:
+    """Sums over samples of the degree-``degree`` features ``phi`` and targets ``y = f(x)``.
+
+    M : ``[p, p]``; C : ``[p, d_out]``; yy : sum ||y||^2; y1 : sum y ``[d_out]``; n : samples.
+    """
+
+    degree: int
+    M: np.ndarray
+    C: np.ndarray
+    yy: float
+    y1: np.ndarray
+    n: int
+
+    def all_reduce(self) -> NormalEquations:
+        """Sum over the processes of the default ``torch.distributed`` group (no-op when not initialised)."""
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            flat = np.concatenate([self.M.ravel(), self.C.ravel(), [self.yy], self.y1, [float(self.n)]])
+            buf = torch.from_numpy(flat)
+            dist.all_reduce(buf)
+            b = buf.numpy()
+            p, o = self.C.shape
+            self.M = b[:p * p].reshape(p, p).copy()
+            self.C = b[p * p:p * p + p * o].reshape(p, o).copy()
+            self.yy = float(b[p * p + p * o])
+            self.y1 = b[p * p + p * o + 1:p * p + p * o + 1 + o].copy()
+            self.n = int(round(b[-1]))
+        return self
+
+    def leading(self, degree: int, basis: RidgeBasis) -> NormalEquations:
+        """The normal equations of a lower degree (leading block)."""
+        p = basis.n_features(degree)
+        return NormalEquations(degree, self.M[:p, :p], self.C[:p], self.yy, self.y1, self.n)
+
+
+def normal_equations(network: Network, basis: RidgeBasis, X, degree: int, *, chunk: int = 4096) -> NormalEquations:
+    """Accumulate :class:`NormalEquations` of ``network`` on inputs ``X [m, d_in]`` (numpy or torch, any float dtype).
+
+    Raises ``ValueError`` for a width mismatch or fewer samples than features.
+    """
+    degree = check_int(degree, "degree", minimum=1)
+    X = np.asarray(X.numpy() if hasattr(X, "numpy") else X)
+    if X.ndim != 2 or X.shape[1] != network.d_in or X.shape[1] != basis.d_in:
+        raise ValueError(f"X must have shape [m, d_in={network.d_in}], got {list(X.shape)}")
+    p = basis.n_features(degree)
+    M = np.zeros((p, p))
+    C = np.zeros((p, network.d_out))
+    yy, y1 = 0.0, np.zeros(network.d_out)
+    for s in range(0, X.shape[0], chunk):
+        Xc = X[s:s + chunk].astype(np.float64)
+        Phi = basis.features(Xc, degree)
+        Y = network(Xc)
+        M += Phi.T @ Phi
+        C += Phi.T @ Y
+        yy += float((Y * Y).sum())
+        y1 += Y.sum(0)
+    return NormalEquations(degree, M, C, yy, y1, X.shape[0])
+
+
+def solve_projection(neq: NormalEquations, basis: RidgeBasis, *, ridge: float = DEFAULT_RIDGE) -> tuple[Readout, dict]:
+    """Solve the (ridge-regularised) normal equations; returns the :class:`Readout` and a dict with the in-sample
+    ``fvu`` (pooled over outputs), ``lam`` (absolute ridge) and ``n``.
+
+    Raises ``ValueError`` when there are fewer samples than features (the projection is not identified) or when the
+    regularised system is not positive definite (non-finite features).
+    """
+    ridge = check_real(ridge, "ridge", 0.0)
+    p = neq.M.shape[0]
+    if neq.n < p:
+        raise ValueError(f"the degree-{neq.degree} ridge family has {p} features but only {neq.n} samples were given; "
+                         "capture more tokens or lower the degree")
+    diag = np.diag(neq.M)[1:]
+    lam = ridge * float(diag.mean()) if diag.size else 0.0
+    A = neq.M.copy()
+    A[np.arange(1, p), np.arange(1, p)] += lam
+    try:
+        B = scipy.linalg.solve(A, neq.C, assume_a="pos")
+    except (np.linalg.LinAlgError, ValueError) as e:
+        raise ValueError(f"the degree-{neq.degree} normal equations are not positive definite ({e}); "
+                         "raise ridge or check the inputs for constant or non-finite features") from e
+    sse = neq.yy - 2.0 * float((B * neq.C).sum()) + float((B * (neq.M @ B)).sum())
+    sst = neq.yy - float(neq.y1 @ neq.y1) / neq.n
+    return Readout.from_coefficients(basis, B, neq.degree), {"fvu": max(sse, 0.0) / sst, "lam": lam, "n": neq.n}
+
+
+def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: float = DEFAULT_RIDGE,
+                    chunk: int = 4096) -> dict[int, tuple[Readout, dict]]:
+    """The data projections of every degree in ``degrees`` from one pass over ``X``: ``{degree: (readout, info)}``.
+
+    Under ``torch.distributed`` the normal equations are all-reduced before solving (each process passes its own
+    share of the samples).
+    """
+    degrees = sorted({check_int(d, "degree", minimum=1) for d in degrees})
+    neq = normal_equations(network, basis, X, degrees[-1], chunk=chunk).all_reduce()
+    return {d: solve_projection(neq.leading(d, basis), basis, ridge=ridge) for d in degrees}
