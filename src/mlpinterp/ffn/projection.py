@@ -33,6 +33,7 @@ class NormalEquations:
     """Sums over samples of the degree-``degree`` features ``phi`` and targets ``y = f(x)``.
 
     M : ``[p, p]``; C : ``[p, d_out]``; yy : sum ||y||^2; y1 : sum y ``[d_out]``; n : samples.
+    exact : True when the sums are exact expectations under an input model (then ``n = 1``), not sample sums.
     """
 
     degree: int
@@ -41,6 +42,7 @@ class NormalEquations:
     yy: float
     y1: np.ndarray
     n: int
+    exact: bool = False
 
     def all_reduce(self) -> NormalEquations:
         """Sum over the processes of the default ``torch.distributed`` group (no-op when not initialised)."""
@@ -63,7 +65,7 @@ class NormalEquations:
     def leading(self, degree: int, basis: RidgeBasis) -> NormalEquations:
         """The normal equations of a lower degree (leading block)."""
         p = basis.n_features(degree)
-        return NormalEquations(degree, self.M[:p, :p], self.C[:p], self.yy, self.y1, self.n)
+        return NormalEquations(degree, self.M[:p, :p], self.C[:p], self.yy, self.y1, self.n, self.exact)
 
 
 def normal_equations(network: Network, basis: RidgeBasis, X, degree: int, *, chunk: int = 4096) -> NormalEquations:
@@ -99,7 +101,7 @@ def solve_projection(neq: NormalEquations, basis: RidgeBasis, *, ridge: float = 
     """
     ridge = check_real(ridge, "ridge", 0.0)
     p = neq.M.shape[0]
-    if neq.n < p:
+    if not neq.exact and neq.n < p:
         raise ValueError(f"the degree-{neq.degree} ridge family has {p} features but only {neq.n} samples were given; "
                          "capture more tokens or lower the degree")
     diag = np.diag(neq.M)[1:]
