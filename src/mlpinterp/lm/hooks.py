@@ -78,7 +78,7 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
 
 @contextmanager
 def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
-           input_of: str | None = None) -> Iterator[None]:
+           input_of: str | None = None, keep: Callable[[], Tensor | None] | None = None) -> Iterator[None]:
     """Within the block, the output ``h [..., d]`` of ``hook_point`` is replaced by ``fn(h)``.
 
     With ``input_of`` (another module path), ``fn`` receives instead the tensor that module was called with
@@ -86,6 +86,9 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
     ``splice(model, "encoder.layer.3.output.dense", p, input_of="encoder.layer.3.intermediate.dense")``
     replaces the block's output by ``p(x)`` of the block's own input ``x``. The replacement must have the
     shape of the output it replaces (``ValueError`` otherwise); it is cast to the output's dtype and device.
+    With ``keep`` (a callable returning a boolean mask over the output's leading dimensions, e.g. ``[batch, seq]``
+    from :func:`track_positions`), the original output is kept where the mask is True (positions a replacement was
+    not fitted on, such as special tokens).
     Raises ``ValueError`` if ``input_of`` was not called before ``hook_point`` in a forward pass.
     """
     module = resolve_hook_point(model, hook_point)
@@ -103,7 +106,13 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
         if not isinstance(new, Tensor) or new.shape != h.shape:
             raise ValueError(f"the replacement for {hook_point!r} must be a tensor of shape {list(h.shape)}, got "
                              f"{list(new.shape) if isinstance(new, Tensor) else type(new).__name__}")
-        return new.to(h.device, h.dtype)
+        new = new.to(h.device, h.dtype)
+        mask = keep() if keep is not None else None
+        if mask is not None:
+            if mask.shape != h.shape[:-1]:
+                raise ValueError(f"keep() must give a mask of shape {list(h.shape[:-1])}, got {list(mask.shape)}")
+            new = torch.where(mask.to(h.device)[..., None], h, new)
+        return new
 
     def hook(_mod, _inp, out):
         if isinstance(out, (tuple, list)):
@@ -126,3 +135,21 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def track_positions(model: nn.Module, token_ids) -> Iterator[Callable[[], Tensor | None]]:
+    """Within the block, ``mask()`` is True at the positions of the current forward pass whose token is one of
+    ``token_ids`` (e.g. the tokenizer's special tokens); ``None`` before any call. For :func:`splice`'s ``keep``."""
+    ids_t = torch.tensor(sorted({int(i) for i in token_ids}), dtype=torch.long)
+    current: list[Tensor] = []
+
+    def pre_hook(_mod, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        current[:] = [torch.isin(ids.cpu(), ids_t)] if isinstance(ids, Tensor) else []
+
+    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield lambda: current[0] if current else None
+    finally:
+        handle.remove()

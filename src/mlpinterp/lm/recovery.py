@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +75,9 @@ def sentence_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     ``normalize`` (sentence-transformers' pooling for all-MiniLM-L6-v2)."""
     outs = []
     for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        m = mask[..., None].float()
+        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        h = h if h.dtype == torch.float64 else h.float()  # float64 models stay exact
+        m = mask[..., None].to(h.dtype)
         pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
         outs.append(F.normalize(pooled, dim=-1) if normalize else pooled)
     return torch.cat(outs)
@@ -102,3 +104,54 @@ def embedding_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor]
     return {"cos_spliced": cos_s, "cos_zero": cos_z, "mse_spliced": mse_s, "mse_zero": mse_z,
             "cosine_recovered": (cos_s - cos_z) / (1 - cos_z) if cos_z != 1 else float("nan"),
             "mse_recovered": 1 - mse_s / mse_z if mse_z > 0 else float("nan")}
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One splice: the output of ``hook_point`` replaced by ``fn`` of that output, or of ``input_of``'s input."""
+
+    hook_point: str
+    """Module whose output is replaced."""
+    fn: Callable[[Tensor], Tensor]
+    """The replacement (same output shape)."""
+    input_of: str | None = None
+    """If set, ``fn`` receives the input of this module instead (see :func:`mlpinterp.lm.hooks.splice`)."""
+    keep: Callable[[], Tensor | None] | None = None
+    """If set, positions where ``keep()`` is True keep the original output (see :func:`mlpinterp.lm.hooks.splice`)."""
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """True for models that return next-token ``logits`` (an LM head), False for encoders (sentence embeddings)."""
+    get = getattr(model, "get_output_embeddings", None)
+    return hasattr(model, "lm_head") or (callable(get) and get() is not None)
+
+
+def downstream_comparison(model: nn.Module, replacements: dict[str, Replacement], input_ids: Tensor,
+                          attention_mask: Tensor | None = None, *, batch_size: int = 16) -> dict:
+    """The model's own output clean and under each replacement, in one call (clean computed once).
+
+    Causal LMs: ``{"kind": "lm", "clean": {"ce": CE}, name: {"ce": CE}}`` (next-token cross-entropy, nats/token).
+    Encoders: ``{"kind": "embedding", name: {"cos": mean cosine of the mean-pooled sentence embedding to the clean
+    one, "mse": its mean squared error per dimension}}``. Combine with :func:`recovered` for fractions.
+    """
+    if is_causal_lm(model):
+        out: dict = {"kind": "lm", "clean": {"ce": _lm_ce(model, input_ids, attention_mask, batch_size)}}
+        for name, r in replacements.items():
+            with splice(model, r.hook_point, r.fn, input_of=r.input_of, keep=r.keep):
+                out[name] = {"ce": _lm_ce(model, input_ids, attention_mask, batch_size)}
+        return out
+    clean = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
+    out = {"kind": "embedding"}
+    for name, r in replacements.items():
+        with splice(model, r.hook_point, r.fn, input_of=r.input_of, keep=r.keep):
+            e = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
+        out[name] = {"cos": float(F.cosine_similarity(e, clean, dim=-1).mean()),
+                     "mse": float((e - clean).pow(2).mean())}
+    return out
+
+
+def recovered(value: float, clean: float, ablated: float) -> float:
+    """``(ablated - value) / (ablated - clean)``: 1 = as good as the clean model, 0 = no better than the ablation
+    (loss recovered for cross-entropies; ``cosine_recovered`` for cosines with ``clean = 1``). NaN if undefined."""
+    denom = ablated - clean
+    return (ablated - value) / denom if denom != 0 else float("nan")

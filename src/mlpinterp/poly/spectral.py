@@ -111,3 +111,34 @@ def ablate(X, directions: np.ndarray) -> np.ndarray:
             "orthonormalise them first, e.g. np.linalg.qr(directions)[0]"
         )
     return X - (X @ V) @ V.T
+
+
+def quadratic_forms(p, U) -> np.ndarray:
+    """The quadratic forms of ``p`` along output directions: ``Q_m = sum_o U[o, m] T2[o]``, ``[n_dirs, d_in, d_in]``.
+
+    ``U``: ``[d_out, n_dirs]`` (e.g. top principal directions of the block's output). For a ``RidgePolynomial`` the
+    forms are built from its factors, ``A^T diag(U^T (W2 * gamma)) A`` plus the symmetrised gate terms, without
+    materialising the ``[d_out, d_in, d_in]`` tensor (so it works at d_in = d_out = 4096); otherwise from
+    ``coefficients(2)``. Raises ``ValueError`` for a degree < 2 approximant or a ``U`` of the wrong height.
+    """
+    from mlpinterp.poly.approximant import RidgePolynomial
+
+    U = to_numpy(U, "U")
+    if U.ndim == 1:
+        U = U[:, None]
+    if getattr(p, "degree", 2) < 2:
+        raise ValueError(f"p has degree {p.degree}; quadratic forms need degree >= 2")
+    d_out = p.d_out if hasattr(p, "d_out") else np.shape(p)[0]
+    if U.ndim != 2 or U.shape[0] != d_out:
+        raise ValueError(f"U must have shape [d_out={d_out}, n_dirs], got {list(U.shape)}")
+    if isinstance(p, RidgePolynomial):
+        gamma, delta = p._monomial_weights(2)
+        wa = U.T @ (p.W2 * gamma)  # [m, h]
+        Q = np.einsum("mh,hd,he->mde", wa, p.A, p.A, optimize=True)
+        if delta is not None:
+            wg = U.T @ (p.W2 * delta)
+            T = np.einsum("mh,hd,he->mde", wg, p.G, p.A, optimize=True)
+            Q = Q + 0.5 * (T + np.swapaxes(T, 1, 2))
+        return Q
+    T2 = _coef(p, 2)
+    return np.einsum("om,ode->mde", U, T2)

@@ -1,0 +1,414 @@
+"""``mlpinterp reproduce transformer``: exact polynomial approximants of a real transformer's FFN blocks.
+
+For each FFN block of the model (MiniLM by default, any Hugging Face model already on disk): capture the block's
+real inputs from text, fit input models to them, fit the approximants of every degree under each input model,
+and measure how well each works, where it matters: on held-out real tokens and inside the model (splice-in).
+
+Input models (``input_models``):
+
+* ``gaussian``: one Gaussian (empirical or Ledoit-Wolf covariance of all fit tokens); the exact optimal approximant
+  under it (Rigg & Belrose 2025, eq. 2), its exact FVU under the Gaussian (MLP blocks; Monte Carlo for GLUs).
+* ``mixture``: a scikit-learn ``GaussianMixture`` (K full covariances, seeded) fitted to the fit tokens; degree 1
+  is the exact optimum under the mixture (law of total covariance); degrees >= 2 are the least-squares projection
+  onto the block's ridge family under the mixture (:mod:`mlpinterp.ffn.readout`).
+* ``data``: the exact least-squares projection onto the ridge family under the empirical law of the fit tokens
+  (:mod:`mlpinterp.ffn.projection`); degree 1 is the affine OLS baseline.
+* ``hybrid``: the paper's remedy (closed form, then schedule-free fine-tuning of every factor on the fit tokens;
+  :mod:`mlpinterp.ffn.hybrid`).
+
+Layout of ``out``::
+
+    config.json                 the run's configuration (a re-run with another one is refused)
+    capture.safetensors/.json   captured activations (fit subsample, held-out, moments) and token ids (resumable)
+    layers/<i>.json             per-block results (skipped when present: resumable)
+    layers/<i>_features.npz     eigen-features of the recommended degree-2 approximant
+    results.json, figures/*.png, report.md, report.html
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlpinterp.ffn.capture import BlockCapture, Capture, CaptureConfig, Moments, capture_ffn_inputs
+from mlpinterp.ffn.hybrid import HybridConfig
+from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+from mlpinterp.utils.validation import check_int
+
+INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")
+
+
+@dataclass(frozen=True)
+class TransformerExperiment:
+    """Configuration of ``reproduce transformer`` (every field documented for ``--help``)."""
+
+    model: str = "minilm"
+    """``minilm`` (the embedded all-MiniLM-L6-v2) or a Hugging Face name / path whose weights are on disk."""
+    layers: tuple[int, ...] | None = None
+    """Indices of the FFN blocks to analyse, in layer order (None: all)."""
+    degrees: tuple[int, ...] = (1, 2, 3)
+    """Polynomial degrees."""
+    input_models: tuple[str, ...] = INPUT_MODELS
+    """Input models to fit (see the module docstring)."""
+    capture: CaptureConfig = CaptureConfig()
+    """How FFN inputs are read from text."""
+    covariance: str = "empirical"
+    """Covariance of the Gaussian input model: ``empirical`` or ``ledoit-wolf``."""
+    mixture_components: int = 8
+    """K of the Gaussian mixture input model."""
+    mixture_fit_samples: int = 20_000
+    """Fit tokens the mixture's EM sees (a seeded subsample)."""
+    mixture_samples: int = 100_000
+    """Samples of the fitted mixture used for its degree >= 2 projection when the exact moments are unavailable."""
+    val_fraction: float = 0.1
+    """Fraction of the kept fit tokens held back for validation (input-model choice, hybrid monitoring)."""
+    hybrid: HybridConfig = HybridConfig()
+    """Fine-tuning of the hybrid input model."""
+    splice_sequences: int = 64
+    """Held-out sequences for the splice-in evaluation."""
+    n_output_dirs: int = 4
+    """Top output directions whose quadratic forms are eigendecomposed."""
+    n_eigen: int = 8
+    """Eigen-features kept per output direction."""
+    mc_samples: int = 50_000
+    """Monte Carlo samples for FVUs under a model without an exact FVU (mixture, GLU blocks)."""
+    seed: int = 0
+    """Seed of the mixture fit, the Monte Carlo samples and the hybrid batches."""
+    run: str = "full"
+    """``full`` or ``quick`` (a shortened run: no verdicts)."""
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.input_models if m not in INPUT_MODELS]
+        if bad or not self.input_models:
+            raise ValueError(f"input_models must be a non-empty subset of {INPUT_MODELS}, got {self.input_models}")
+        if not self.degrees or any(check_int(d, "degree", minimum=1) > 5 for d in self.degrees):
+            raise ValueError(f"degrees must be integers in 1..5, got {self.degrees}")
+        if self.covariance not in ("empirical", "ledoit-wolf"):
+            raise ValueError(f"covariance must be 'empirical' or 'ledoit-wolf', got {self.covariance!r}")
+        check_int(self.mixture_components, "mixture_components", minimum=1)
+        for name in ("mixture_fit_samples", "mixture_samples", "splice_sequences", "n_output_dirs", "n_eigen",
+                     "mc_samples"):
+            check_int(getattr(self, name), name, minimum=1)
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ValueError(f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
+        if self.run not in ("full", "quick"):
+            raise ValueError(f"run must be 'full' or 'quick', got {self.run!r}")
+
+    @classmethod
+    def quick(cls, **kw) -> TransformerExperiment:
+        """A pipeline check in a few minutes on a 2-core CPU (fewer tokens, a small mixture, a short fine-tune)."""
+        base = dict(capture=CaptureConfig(max_tokens=20_000, keep_fit=16_000), mixture_components=4,
+                    mixture_fit_samples=5_000, mixture_samples=20_000, hybrid=HybridConfig(steps=100, batch_size=1024),
+                    splice_sequences=32, mc_samples=20_000, run="quick")
+        base.update(kw)
+        return cls(**base)
+
+
+# ------------------------------------------------------------------------------------------------ capture cache
+
+
+def _save_capture(path: Path, cap: Capture) -> None:
+    tensors, meta = {"fit_ids": cap.fit_ids, "heldout_ids": cap.heldout_ids}, {"blocks": []}
+    for i, (p, b) in enumerate(cap.blocks.items()):
+        tensors.update({f"b{i}.fit": b.fit, f"b{i}.heldout": b.heldout, f"b{i}.s1": torch.from_numpy(b.moments.s1),
+                        f"b{i}.s2": torch.from_numpy(b.moments.s2)})
+        meta["blocks"].append({"path": p, "n": b.moments.n})
+    meta.update(n_fit_tokens=cap.n_fit_tokens, n_heldout_tokens=cap.n_heldout_tokens, seconds=cap.seconds,
+                info=cap.info)
+    save_tensors(path, tensors, meta)
+
+
+def _load_capture(path: Path) -> Capture:
+    t, meta = load_tensors(path)
+    blocks = {}
+    for i, b in enumerate(meta["blocks"]):
+        m = Moments(int(b["n"]), t[f"b{i}.s1"].numpy(), t[f"b{i}.s2"].numpy())
+        blocks[b["path"]] = BlockCapture(fit=t[f"b{i}.fit"], heldout=t[f"b{i}.heldout"], moments=m)
+    return Capture(blocks=blocks, fit_ids=t["fit_ids"], heldout_ids=t["heldout_ids"],
+                   n_fit_tokens=int(meta["n_fit_tokens"]), n_heldout_tokens=int(meta["n_heldout_tokens"]),
+                   seconds=float(meta["seconds"]), info=meta.get("info", {}))
+
+
+# ------------------------------------------------------------------------------------------------ one block
+
+
+def _heldout_metrics(Y: np.ndarray, P: np.ndarray) -> dict:
+    from mlpinterp.poly.metrics import fvu_from_outputs
+
+    r = fvu_from_outputs(Y, P)
+    cos = (Y * P).sum(1) / np.maximum(np.linalg.norm(Y, axis=1) * np.linalg.norm(P, axis=1), 1e-300)
+    return {"fvu": r.fvu, "fvu_se": r.stderr, "cosine": float(cos.mean()), "n": int(Y.shape[0])}
+
+
+def fit_gaussian(moments: Moments, covariance: str, X_sample: np.ndarray):
+    """The Gaussian input model from the fit-token moments; Ledoit-Wolf shrinks toward ``(tr S / d) I`` with the
+    intensity estimated on ``X_sample`` (scikit-learn ``ledoit_wolf_shrinkage``)."""
+    from mlpinterp.gaussian.distributions import Gaussian
+
+    S = moments.cov()
+    if covariance == "ledoit-wolf":
+        from sklearn.covariance import ledoit_wolf_shrinkage
+
+        delta = float(ledoit_wolf_shrinkage(X_sample))
+        S = (1 - delta) * S + delta * np.trace(S) / S.shape[0] * np.eye(S.shape[0])
+    return Gaussian(moments.mean, S)
+
+
+def fit_mixture_model(X: np.ndarray, K: int, n_fit: int, seed: int):
+    """scikit-learn ``GaussianMixture`` (K full covariances, seeded) on a seeded subsample of ``X`` -> our
+    ``GaussianMixture``."""
+    from sklearn.mixture import GaussianMixture as SkGMM
+
+    from mlpinterp.gaussian.distributions import GaussianMixture
+
+    rng = np.random.default_rng(seed)
+    sub = X[rng.choice(X.shape[0], size=min(n_fit, X.shape[0]), replace=False)]
+    gm = SkGMM(n_components=K, covariance_type="full", random_state=seed, reg_covar=1e-6, max_iter=200).fit(sub)
+    return GaussianMixture(gm.weights_, gm.means_, gm.covariances_), {"converged": bool(gm.converged_),
+                                                                      "n_iter": int(gm.n_iter_)}
+
+
+def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, quiet: bool = True) -> tuple[dict, dict]:
+    """Every input model x degree for one block: held-out FVU / cosine, FVU under the model, validation FVU.
+
+    Returns ``(results, approximants)`` with ``approximants[(input_model, degree)]`` a callable numpy
+    approximant (``RidgePolynomial`` or ``DensePolynomial``).
+    """
+    import mlpinterp as mi
+    from mlpinterp.ffn.diagnostics import gaussianity
+    from mlpinterp.ffn.hybrid import finetune
+    from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
+    from mlpinterp.ffn.readout import Readout, RidgeBasis
+    from mlpinterp.networks import MLP
+
+    t_block = time.perf_counter()
+    X_all = block.fit.double().numpy()
+    n_val = max(1, int(round(exp.val_fraction * X_all.shape[0])))
+    X_fit, X_val = X_all[:-n_val], X_all[-n_val:]
+    X_held = block.heldout.double().numpy()
+    Y_val, Y_held = network(X_val), network(X_held)
+    degrees = sorted(set(exp.degrees))
+    res: dict = {"n_fit_tokens": block.moments.n, "n_kept": int(X_fit.shape[0]), "n_val": n_val,
+                 "n_heldout": int(X_held.shape[0]), "models": {}, "timing_s": {}}
+    approx: dict = {}
+    W = network.W1 if isinstance(network, MLP) else network.W
+    b = network.b1 if isinstance(network, MLP) else network.b
+    res["diagnostics"] = gaussianity(X_fit, W, b, seed=exp.seed)
+
+    t0 = time.perf_counter()
+    g = fit_gaussian(block.moments, exp.covariance, X_fit[:20_000])
+    closed = {n: mi.fit_polynomial(network, g, n) for n in degrees}
+    basis = RidgeBasis.from_closed_form(closed[degrees[-1]], g)
+    res["timing_s"]["gaussian_fit"] = time.perf_counter() - t0
+
+    def record(model: str, n: int, p, under: dict | None) -> None:
+        approx[(model, n)] = p
+        entry = {"heldout": _heldout_metrics(Y_held, p(X_held)), "val_fvu": _heldout_metrics(Y_val, p(X_val))["fvu"],
+                 "under_model": under}
+        res["models"].setdefault(model, {})[str(n)] = entry
+
+    if "gaussian" in exp.input_models:
+        t0 = time.perf_counter()
+        for n in degrees:
+            r = mi.fvu(network, closed[n], g, n_samples=exp.mc_samples, seed=exp.seed)
+            record("gaussian", n, closed[n], {"fvu": r.fvu, "se": r.stderr, "method": r.method})
+        res["timing_s"]["gaussian"] = time.perf_counter() - t0 + res["timing_s"]["gaussian_fit"]
+
+    if "data" in exp.input_models:
+        t0 = time.perf_counter()
+        proj = project_on_data(network, basis, X_fit, degrees)
+        for n in degrees:
+            ro, info = proj[n]
+            p = ro.to_polynomial(info={"input_model": "data", **info})
+            record("data", n, p, {"fvu": info["fvu"], "se": None, "method": "in-sample (fit tokens)"})
+        res["timing_s"]["data"] = time.perf_counter() - t0
+
+    if "mixture" in exp.input_models:
+        t0 = time.perf_counter()
+        mix, mix_info = fit_mixture_model(X_fit, exp.mixture_components, exp.mixture_fit_samples, exp.seed)
+        res["mixture"] = {"K": mix.K, **mix_info}
+        exact_moments = _mixture_normal_equations()
+        high = [n for n in degrees if n >= 2]
+        if high:
+            if exact_moments is not None:
+                neq = exact_moments(network, basis, mix, high[-1])
+                how = "exact moments"
+            else:
+                Xs = mix.sample(exp.mixture_samples, np.random.default_rng(exp.seed + 11))
+                neq = normal_equations(network, basis, Xs, high[-1])
+                how = f"{exp.mixture_samples} mixture samples"
+        for n in degrees:
+            if n == 1:
+                p = mi.fit_polynomial(network, mix, 1)
+                method = "exact (law of total covariance)"
+            else:
+                ro, info = solve_projection(neq.leading(n, basis), basis)
+                p = ro.to_polynomial(info={"input_model": "mixture", **info})
+                method = f"ridge projection ({how})"
+            r = mi.fvu(network, p, mix, n_samples=exp.mc_samples, seed=exp.seed)
+            record("mixture", n, p, {"fvu": r.fvu, "se": r.stderr, "method": f"monte-carlo; fit: {method}"})
+        res["timing_s"]["mixture"] = time.perf_counter() - t0
+
+    if "hybrid" in exp.input_models:
+        t0 = time.perf_counter()
+        res["hybrid_history"] = {}
+        for n in degrees:
+            start = Readout.from_closed_form(closed[n], RidgeBasis.from_closed_form(closed[n], g))
+            hr = finetune(network, start, X_fit, replace(exp.hybrid, seed=exp.seed), X_val=X_val, quiet=quiet,
+                          desc=f"hybrid degree {n}")
+            res["hybrid_history"][str(n)] = hr.history
+            p = hr.readout.to_polynomial(info={"input_model": "hybrid"})
+            Y_fit_sub = network(X_fit[:20_000])
+            r = _heldout_metrics(Y_fit_sub, p(X_fit[:20_000]))
+            record("hybrid", n, p, {"fvu": r["fvu"], "se": r["fvu_se"], "method": "in-sample (fit tokens)"})
+        res["timing_s"]["hybrid"] = time.perf_counter() - t0
+
+    # the input model recommended for this block: lowest validation FVU at the highest degree (never the held-out)
+    top = str(degrees[-1])
+    res["recommended"] = min(res["models"], key=lambda m: res["models"][m][top]["val_fvu"])
+    res["timing_s"]["block"] = time.perf_counter() - t_block
+    return res, approx
+
+
+def _mixture_normal_equations():
+    """The exact-moment normal equations under a mixture, when available (``mlpinterp.ffn.mixture_moments``)."""
+    try:
+        from mlpinterp.ffn.mixture_moments import mixture_normal_equations
+    except ImportError:
+        return None
+    return mixture_normal_equations
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _check_config(out: Path, exp: TransformerExperiment) -> None:
+    cfg_path = out / "config.json"
+    cfg = json.loads(json.dumps(asdict(exp)))
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        if old != cfg:
+            diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
+            raise ValueError(f"{str(out)!r} holds a run with another configuration (differs in {diff}); use a new "
+                             "--out or delete the directory")
+    else:
+        atomic_write_json(cfg_path, cfg)
+
+
+def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *, quiet: bool = False,
+                    texts: list[str] | None = None) -> dict:
+    """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
+    from mlpinterp.experiments.transformer_report import write_transformer_report
+    from mlpinterp.ffn.blocks import ffn_paths, ffn_site
+    from mlpinterp.lm.models import load_model
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_config(out, exp)
+    t_run = time.perf_counter()
+    model, tok = load_model(exp.model)
+    paths = ffn_paths(model)
+    idx = list(range(len(paths))) if exp.layers is None else list(exp.layers)
+    bad = [i for i in idx if not 0 <= i < len(paths)]
+    if bad:
+        raise ValueError(f"layers {bad} out of range: the model has {len(paths)} FFN blocks (0..{len(paths) - 1})")
+    sites = {paths[i]: ffn_site(model, paths[i]) for i in idx}
+    cap_path = out / "capture.safetensors"
+    if cap_path.exists():
+        cap = _load_capture(cap_path)
+    else:
+        cap = capture_ffn_inputs(model, tok, {p: s.input_module for p, s in sites.items()},
+                                 replace(exp.capture, seed=exp.seed), texts, quiet=quiet)
+        _save_capture(cap_path, cap)
+    layers = []
+    for i, (path, site) in zip(idx, sites.items(), strict=True):
+        done = out / "layers" / f"{i}.json"
+        if done.exists():
+            layers.append(json.loads(done.read_text()))
+            continue
+        res, approx = analyse_block(site.network, cap.blocks[path], exp, quiet=quiet)
+        res.update({"layer": i, "path": path, "family": site.family, "network": repr(site.network)})
+        res["splice"] = _splice(model, tok, site, approx, cap, exp)
+        res["features"] = _features(model, tok, site, approx[(res["recommended"], 2)] if 2 in exp.degrees else None,
+                                    cap.blocks[path], out / "layers" / f"{i}_features.npz", exp)
+        atomic_write_json(done, res)
+        layers.append(res)
+    results = {"config": json.loads(json.dumps(asdict(exp))), "model": exp.model, "n_blocks": len(paths),
+               "capture": {"n_fit_tokens": cap.n_fit_tokens, "n_heldout_tokens": cap.n_heldout_tokens,
+                           "seconds": cap.seconds, "tokens_per_s": cap.tokens_per_s},
+               "layers": layers, "seconds": time.perf_counter() - t_run}
+    atomic_write_json(out / "results.json", results)
+    write_transformer_report(out, results)
+    return results
+
+
+def _splice(model, tok, site, approx: dict, cap: Capture, exp: TransformerExperiment) -> dict:
+    """Splice-in recovery of every approximant of one block, with zero and mean ablation beside it."""
+    from mlpinterp.lm.hooks import track_positions
+    from mlpinterp.lm.recovery import Replacement, downstream_comparison, recovered
+
+    ids = cap.heldout_ids[: exp.splice_sequences]
+    mean_out = torch.tensor(site.network(cap.blocks[site.path].fit[:20_000].double().numpy()).mean(0))
+
+    def poly_fn(p):
+        module = p.to_module()
+
+        def fn(x):
+            return module(x.reshape(-1, x.shape[-1]).double()).reshape(*x.shape[:-1], -1)
+
+        return fn
+
+    special = tok.all_special_ids if exp.capture.exclude_special else []
+    with track_positions(model, special) as keep, torch.no_grad():
+        # positions excluded from the fit (special tokens) keep the exact block output, for every replacement
+        reps = {"zero": Replacement(site.output_module, lambda h: torch.zeros_like(h), keep=keep),
+                "mean": Replacement(site.output_module, lambda h: mean_out.to(h.dtype).expand_as(h).clone(), keep=keep)}
+        for (m, n), p in approx.items():
+            reps[f"{m}:{n}"] = Replacement(site.output_module, poly_fn(p), input_of=site.input_module, keep=keep)
+        raw = downstream_comparison(model, reps, ids)
+    out = {"kind": raw["kind"], "n_sequences": int(ids.shape[0]), "zero": raw["zero"], "mean": raw["mean"],
+           "models": {}, "positions": "content tokens (special tokens keep the exact block output)" if special
+           else "all tokens"}
+    for (m, n) in approx:
+        r = raw[f"{m}:{n}"]
+        if raw["kind"] == "lm":
+            clean = raw["clean"]["ce"]
+            r = {**r, "recovered_vs_zero": recovered(r["ce"], clean, raw["zero"]["ce"]),
+                 "recovered_vs_mean": recovered(r["ce"], clean, raw["mean"]["ce"])}
+        else:
+            r = {**r, "recovered_vs_zero": recovered(r["cos"], 1.0, raw["zero"]["cos"]),
+                 "recovered_vs_mean": recovered(r["cos"], 1.0, raw["mean"]["cos"])}
+        out["models"].setdefault(m, {})[str(n)] = r
+    if raw["kind"] == "lm":
+        out["clean"] = raw["clean"]
+    return out
+
+
+def _features(model, tok, site, p, block: BlockCapture, path: Path, exp: TransformerExperiment) -> dict | None:
+    """Eigen-features of the degree-2 approximant along the block's top output directions (saved as npz)."""
+    from mlpinterp.ffn.features import eigen_features, output_directions, unembedding_tokens
+    from mlpinterp.lm.recovery import is_causal_lm
+
+    if p is None:
+        return None
+    Y = site.network(block.fit[:20_000].double().numpy())
+    U, frac = output_directions(Y, exp.n_output_dirs)
+    ef = eigen_features(p, U, exp.n_eigen)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, U=U, eigenvalues=ef["eigenvalues"], eigenvectors=ef["eigenvectors"], spectra=ef["spectra"])
+    res = {"output_variance_fraction": frac.tolist(), "eigenvalues": ef["eigenvalues"].tolist(),
+           "top_energy": ef["top_energy"].tolist()}
+    if is_causal_lm(model):
+        W_U = model.get_output_embeddings().weight.detach().double().numpy()
+        res["output_direction_tokens"] = unembedding_tokens(U, W_U, tok)
+        res["eigenvector_tokens"] = [unembedding_tokens(ef["eigenvectors"][m][:, :3], W_U, tok)
+                                     for m in range(U.shape[1])]
+    return res
+
+
+__all__ = ["INPUT_MODELS", "TransformerExperiment", "analyse_block", "run_transformer"]
