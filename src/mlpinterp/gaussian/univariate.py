@@ -56,7 +56,7 @@ import math
 import numpy as np
 from scipy import special
 
-from mlpinterp.gaussian.activations import _GELU_TANH_C, Activation, get_activation, leaky_slope
+from mlpinterp.gaussian.activations import _GELU_TANH_C, QUICK_GELU_SLOPE, Activation, get_activation, leaky_slope
 from mlpinterp.gaussian.hermite import he_stack
 from mlpinterp.utils.validation import to_numpy
 
@@ -82,7 +82,7 @@ _UNIT = np.linspace(0.0, 1.0, _N_UNIFORM + 1)
 _CHUNK_NODES = 1 << 16  # neurons * nodes per chunk (cache-sized temporaries: ~2x faster than 1 << 21)
 _T_SWITCH = 1.0  # J_n recurrence: forward for t <= _T_SWITCH, continued fraction above
 _S_IBP = 1.0  # autograd derivatives: integration by parts for sigma >= _S_IBP, quadrature of phi^{(j)} below
-_ANALYTIC_DERIV = ("gelu_tanh", "silu", "sigmoid", "tanh", "softplus", "elu")
+_ANALYTIC_DERIV = ("gelu_tanh", "quick_gelu", "silu", "sigmoid", "tanh", "softplus", "elu")
 
 _CLOSED = ("identity", "relu", "gelu")
 _S_TINY = 1e-150  # sigma below this is a point mass (differences are far below float64 resolution)
@@ -496,6 +496,9 @@ def _smooth_deriv(act: Activation, y: np.ndarray, j: int) -> np.ndarray | None:
         return 2.0 ** (j + 1) * _sigmoid_deriv(2.0 * y, j)
     if fam == "silu":
         return y * _sigmoid_deriv(y, j) + j * _sigmoid_deriv(y, j - 1)
+    if fam == "quick_gelu":  # quick_gelu(y) = silu(a y) / a, so quick_gelu^{(j)}(y) = a^{j-1} silu^{(j)}(a y)
+        u = QUICK_GELU_SLOPE * y
+        return QUICK_GELU_SLOPE ** (j - 1) * (u * _sigmoid_deriv(u, j) + j * _sigmoid_deriv(u, j - 1))
     if fam == "softplus":
         return _sigmoid_deriv(y, j - 1)
     if fam == "elu":
