@@ -41,14 +41,6 @@ def checked(values: np.ndarray, name: str) -> np.ndarray:
     return values
 
 
-def _check_int(k, name: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"{name} must be a non-negative int, got {type(k).__name__} ({k!r})")
-    if k < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {k}")
-    return int(k)
-
-
 def prepare(mu, sigma) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """Validate, broadcast and flatten mu, sigma; returns (mu [N], sigma [N], shape)."""
     mu = to_numpy(mu, "mu")

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from mlpinterp.gaussian.activations import get_activation, leaky_slope
-from mlpinterp.gaussian.univariate.common import MAX_DEGREE, S_TINY, _check_int, checked, family, prepare, quiet
+from mlpinterp.gaussian.univariate.common import MAX_DEGREE, S_TINY, checked, family, prepare, quiet
 from mlpinterp.gaussian.univariate.derivatives import delta_limit, numeric_derivative_ev, smooth_deriv
 from mlpinterp.gaussian.univariate.gelu import gelu_derivs, gelu_moments
 from mlpinterp.gaussian.univariate.quadrature import quad_hermite_e, quad_moments
@@ -26,6 +26,7 @@ from mlpinterp.gaussian.univariate.relu import (
     relu_moments,
     relu_second_moment,
 )
+from mlpinterp.utils.validation import check_int
 
 __all__ = ["gauss_derivative_ev", "gauss_ev", "gauss_moments", "gauss_second_moment", "hermite_coefficients"]
 
@@ -69,7 +70,7 @@ def hermite_coefficients(act, mu, sigma, n: int) -> np.ndarray:
         TypeError: non-int ``n``, bad ``act`` type.
     """
     act = get_activation(act)
-    n = _check_int(n, "n")
+    n = check_int(n, "n", 0, "a non-negative int")
     if n > MAX_DEGREE:
         raise ValueError(f"n must be <= {MAX_DEGREE} (k! overflows float64 beyond), got {n}")
     mu, s, shape = prepare(mu, sigma)
@@ -123,7 +124,7 @@ def gauss_moments(act, mu, sigma, kmax: int) -> np.ndarray:
         ValueError / TypeError: as in :func:`hermite_coefficients` (argument ``kmax``).
     """
     act = get_activation(act)
-    kmax = _check_int(kmax, "kmax")
+    kmax = check_int(kmax, "kmax", 0, "a non-negative int")
     mu, s, shape = prepare(mu, sigma)
     out = np.zeros(mu.shape + (kmax + 1,))
     pm = s < S_TINY
@@ -207,7 +208,7 @@ def gauss_derivative_ev(act, mu, sigma, j: int) -> np.ndarray:
         TypeError: non-int ``j``.
     """
     act = get_activation(act)
-    j = _check_int(j, "j")
+    j = check_int(j, "j", 0, "a non-negative int")
     mu, s, shape = prepare(mu, sigma)
     out = np.zeros(mu.shape)
     fam = family(act)
