@@ -81,3 +81,11 @@ def test_bad_z():
         hermite_he(2, [0.0, np.nan])
     with pytest.raises(TypeError, match="z must be"):
         hermite_he(2, "abc")
+
+
+def test_numpy_integer_degrees_are_accepted():
+    # degrees often come out of numpy (np.arange, argmax): np.int64 is an int, np.bool_ is not
+    np.testing.assert_array_equal(hermite_he(np.int64(3), 2.0), hermite_he(3, 2.0))
+    assert hermite_to_monomial(np.int32(2)).shape == (3, 3)
+    with pytest.raises(TypeError, match="n must be a non-negative int, got bool"):
+        hermite_he(np.bool_(True), 2.0)

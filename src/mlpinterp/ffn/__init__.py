@@ -1,7 +1,21 @@
 """Function space on real transformers: exact polynomial approximants of Hugging Face FFN blocks.
 
-* :mod:`~mlpinterp.ffn.capture`: the blocks' real inputs from text (one forward pass, moments as sums).
-* :mod:`~mlpinterp.ffn.readout`: the ridge family (polynomials in the block's own neuron directions).
-* :mod:`~mlpinterp.ffn.projection`: exact least-squares projection onto it under the empirical law of the inputs.
-* :mod:`~mlpinterp.ffn.hybrid`: the paper's remedy, closed form + schedule-free fine-tuning on real activations.
+Import (Hugging Face modules -> exact float64 ``MLP`` / ``GLU``):
+
+* :mod:`~mlpinterp.ffn.blocks`      ``ffn_site`` / ``from_hf`` / ``ffn_paths``: paths, families, hook modules
+* :mod:`~mlpinterp.ffn.layouts`     naming conventions of FFN blocks, weight reading, the forward self-check
+* :mod:`~mlpinterp.ffn.activation`  Hugging Face activation names/classes -> verified registry activations
+
+Analysis on real activations:
+
+* :mod:`~mlpinterp.ffn.capture`      the blocks' real inputs from text (one forward pass, moments as sums)
+* :mod:`~mlpinterp.ffn.readout`      the ridge family (polynomials in the block's own neuron directions)
+* :mod:`~mlpinterp.ffn.projection`   exact least-squares projection onto it under the empirical law of the inputs
+* :mod:`~mlpinterp.ffn.hybrid`       the paper's remedy: closed form + schedule-free fine-tuning on real activations
+* :mod:`~mlpinterp.ffn.diagnostics`  how Gaussian the inputs are (why a Gaussian input model fails)
+* :mod:`~mlpinterp.ffn.features`     eigen-features along the block's top output directions, unembedding, SAEs
 """
+
+from mlpinterp.ffn.blocks import FFNSite, ffn_paths, ffn_site, from_hf
+
+__all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]

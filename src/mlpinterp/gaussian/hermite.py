@@ -11,17 +11,9 @@ import math
 
 import numpy as np
 
-from mlpinterp.utils.validation import to_numpy
+from mlpinterp.utils.validation import check_int, to_numpy
 
 __all__ = ["hermite_he", "hermite_to_monomial", "monomial_to_hermite"]
-
-
-def _check_degree(n, name: str = "n") -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"{name} must be a non-negative int, got {type(n).__name__} ({n!r})")
-    if n < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {n}")
-    return int(n)
 
 
 def hermite_he(n: int, z) -> np.ndarray:
@@ -38,7 +30,7 @@ def hermite_he(n: int, z) -> np.ndarray:
         TypeError: ``n`` not an int, ``z`` not numeric.
         ValueError: ``n < 0`` or ``z`` contains NaN / inf.
     """
-    return he_stack(_check_degree(n), to_numpy(z, "z"))
+    return he_stack(check_int(n, "n", 0, "a non-negative int"), to_numpy(z, "z"))
 
 
 def he_stack(n: int, z: np.ndarray) -> np.ndarray:
@@ -60,7 +52,7 @@ def hermite_to_monomial(n: int) -> np.ndarray:
     Raises:
         TypeError / ValueError: ``n`` not a non-negative int.
     """
-    n = _check_degree(n)
+    n = check_int(n, "n", 0, "a non-negative int")
     H = np.zeros((n + 1, n + 1))
     for k in range(n + 1):
         for m in range(k // 2 + 1):
