@@ -144,9 +144,8 @@ def test_gaussianity_diagnostics_against_known_laws():
 
 def test_splicing_the_exact_block_back_recovers_the_clean_output():
     transformers = pytest.importorskip("transformers")
-    from tests.ffn_tiny import tiny_bert, tiny_gpt2, tokenizer
-
     from mlpinterp.lm.recovery import Replacement, downstream_comparison, recovered
+    from tests.ffn_tiny import tiny_bert, tiny_gpt2, tokenizer
 
     tok = tokenizer()
     ids = tok(["a short sentence about cats and dogs"] * 2, return_tensors="pt")["input_ids"]
@@ -162,8 +161,11 @@ def test_splicing_the_exact_block_back_recovers_the_clean_output():
             mlp = model.get_submodule("transformer.h.1.mlp")
             net = mi.MLP(mlp.c_fc.weight.T, mlp.c_fc.bias, mlp.c_proj.weight.T, mlp.c_proj.bias, activation="gelu_tanh")
         exact = net.to_module()
-        reps = {"exact": Replacement(outp, lambda x: exact(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1),
-                                     input_of=inp),
+
+        def fn(x, exact=exact):
+            return exact(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+        reps = {"exact": Replacement(outp, fn, input_of=inp),
                 "zero": Replacement(outp, torch.zeros_like)}
         r = downstream_comparison(model, reps, ids)
         if r["kind"] == "embedding":

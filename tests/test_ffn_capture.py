@@ -11,10 +11,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
-
 from mlpinterp.ffn.capture import CaptureConfig, Moments, capture_ffn_inputs, split_passages  # noqa: E402
 from mlpinterp.lm.hooks import hook_activations  # noqa: E402
+from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
 
 CFG = CaptureConfig(ctx_len=16, seq_batch=4, max_tokens=600, passage_chunks=2, heldout_fraction=0.25)
 

@@ -11,6 +11,7 @@ import typer
 from mlpinterp.cli import apd as _apd
 from mlpinterp.cli import polynomial as _polynomial
 from mlpinterp.cli import sae as _sae
+from mlpinterp.cli import transformer as _transformer
 
 app = typer.Typer(
     name="mlpinterp",
@@ -22,7 +23,7 @@ app = typer.Typer(
 reproduce_app = typer.Typer(help="Reproduce a paper end to end (train, decompose, figures, report).", no_args_is_help=True)
 app.add_typer(reproduce_app, name="reproduce")
 
-for _module in (_polynomial, _apd, _sae):
+for _module in (_polynomial, _apd, _sae, _transformer):
     _module.register(app, reproduce_app)
 
 

@@ -86,7 +86,8 @@ class TransformerExperiment:
         bad = [m for m in self.input_models if m not in INPUT_MODELS]
         if bad or not self.input_models:
             raise ValueError(f"input_models must be a non-empty subset of {INPUT_MODELS}, got {self.input_models}")
-        if not self.degrees or any(check_int(d, "degree", minimum=1) > 5 for d in self.degrees):
+        if not self.degrees or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 5
+                                   for d in self.degrees):
             raise ValueError(f"degrees must be integers in 1..5, got {self.degrees}")
         if self.covariance not in ("empirical", "ledoit-wolf"):
             raise ValueError(f"covariance must be 'empirical' or 'ledoit-wolf', got {self.covariance!r}")

@@ -1,0 +1,89 @@
+"""CLI: ``mlpinterp reproduce transformer``: exact polynomial approximants of a transformer's FFN blocks.
+
+    mlpinterp reproduce transformer --model minilm --layers all --degrees 1 2 3 --out DIR [--quick]
+        [--text PATH] [--input-model gaussian --input-model data ...]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+_MULTI = {"allow_extra_args": True, "ignore_unknown_options": False}
+
+
+def _ints(values: list[str], name: str) -> tuple[int, ...]:
+    out = []
+    for tok in values:
+        for part in str(tok).split(","):
+            if part:
+                try:
+                    out.append(int(part))
+                except ValueError:
+                    raise typer.BadParameter(f"{name} expects integers, got {part!r}") from None
+    return tuple(out)
+
+
+def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
+    """Attach ``reproduce transformer``."""
+    from mlpinterp.experiments.transformer import INPUT_MODELS, TransformerExperiment
+
+    default = TransformerExperiment()
+
+    @reproduce_app.command("transformer", context_settings=_MULTI)
+    def reproduce_transformer(
+        ctx: typer.Context,
+        model: str = typer.Option(default.model, help="'minilm' (the embedded all-MiniLM-L6-v2) or a Hugging Face "
+                                                      "name / local path whose weights are already on disk."),
+        layers: str = typer.Option("all", help="FFN blocks to analyse: 'all' or indices, e.g. '0,3,5'."),
+        degrees: list[str] = typer.Option([str(d) for d in default.degrees], help="Degrees: --degrees 1 2 3."),
+        input_model: list[str] = typer.Option(list(INPUT_MODELS), help="Input model(s), repeatable: "
+                                              + " | ".join(INPUT_MODELS) + "."),
+        out: Path = typer.Option(Path("runs/transformer"), help="Output directory (resumable)."),
+        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in minutes on a CPU (fewer "
+                                   "tokens, K = 4, 100 fine-tuning steps): no verdicts."),
+        text: Path = typer.Option(None, help="Text file or directory of *.txt (default: ../shared/data/text)."),
+        max_tokens: int = typer.Option(0, min=0, help=f"Content tokens to read (0: {default.capture.max_tokens:,}; "
+                                       "quick: 20,000)."),
+        covariance: str = typer.Option(default.covariance, help="Gaussian input model: empirical | ledoit-wolf."),
+        mixture_components: int = typer.Option(0, min=0, help=f"K of the mixture (0: {default.mixture_components}; "
+                                               "quick: 4)."),
+        hybrid_steps: int = typer.Option(0, min=0, help=f"Fine-tuning steps (0: {default.hybrid.steps}; quick: 100)."),
+        seed: int = typer.Option(default.seed, min=0, help="Seed (split, mixture, Monte Carlo, fine-tuning)."),
+        quiet: bool = typer.Option(False, "--quiet/--no-quiet", help="No progress bars."),
+        threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),
+    ) -> None:
+        """FFN blocks of a real transformer as exact polynomials: fit, held-out FVU, splice-in, eigen-features."""
+        from dataclasses import replace
+
+        import torch
+
+        from mlpinterp.experiments.transformer import run_transformer
+        from mlpinterp.lm.text import read_texts
+
+        if threads:
+            torch.set_num_threads(threads)
+        degs = _ints(degrees + [a for a in ctx.args if a.lstrip("-").isdigit() or "," in a], "--degrees")
+        extra = [a for a in ctx.args if not (a.lstrip("-").isdigit() or "," in a)]
+        if extra:
+            raise typer.BadParameter(f"unexpected arguments {extra}")
+        kw: dict = {"model": model, "degrees": degs, "input_models": tuple(input_model), "covariance": covariance,
+                    "seed": seed}
+        if layers != "all":
+            kw["layers"] = _ints([layers], "--layers")
+        try:
+            exp = TransformerExperiment.quick(**kw) if quick else TransformerExperiment(**kw)
+            if max_tokens:
+                exp = replace(exp, capture=replace(exp.capture, max_tokens=max_tokens,
+                                                   keep_fit=min(exp.capture.keep_fit, max_tokens)))
+            if mixture_components:
+                exp = replace(exp, mixture_components=mixture_components)
+            if hybrid_steps:
+                exp = replace(exp, hybrid=replace(exp.hybrid, steps=hybrid_steps))
+            texts = read_texts(text) if text is not None else None
+            res = run_transformer(out, exp, quiet=quiet, texts=texts)
+        except (ValueError, FileNotFoundError, TypeError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"wrote {out / 'report.md'} and {out / 'report.html'} ({res['seconds']:.0f} s)")

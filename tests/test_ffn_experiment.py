@@ -1,0 +1,97 @@
+"""``reproduce transformer`` end to end on tiny random models saved locally (encoder and causal LM)."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+pytest.importorskip("transformers")
+from typer.testing import CliRunner  # noqa: E402
+
+from mlpinterp.cli.main import app  # noqa: E402
+from mlpinterp.experiments.transformer import TransformerExperiment, run_transformer  # noqa: E402
+from mlpinterp.ffn.capture import CaptureConfig  # noqa: E402
+from mlpinterp.ffn.hybrid import HybridConfig  # noqa: E402
+from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
+
+
+def _saved(tmp_path, family):
+    d = tmp_path / family
+    (tiny_bert() if family == "bert" else tiny_gpt2()).save_pretrained(d)
+    tokenizer().save_pretrained(d)
+    return str(d)
+
+
+def _exp(model, **kw):
+    base = dict(model=model, degrees=(1, 2), capture=CaptureConfig(ctx_len=16, seq_batch=8, max_tokens=1500,
+                                                                     keep_fit=1500, passage_chunks=2),
+                mixture_components=2, mixture_fit_samples=500, mixture_samples=3000,
+                hybrid=HybridConfig(steps=5, batch_size=64, eval_every=5), splice_sequences=4, n_output_dirs=2,
+                n_eigen=3, mc_samples=2000, run="quick")
+    base.update(kw)
+    return TransformerExperiment(**base)
+
+
+class _Imgs(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.srcs = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.srcs.append(dict(attrs)["src"])
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_reproduce_transformer_end_to_end(tmp_path, family):
+    model = _saved(tmp_path, family)
+    out = tmp_path / "run"
+    res = run_transformer(out, _exp(model), quiet=True, texts=TEXTS)
+    assert len(res["layers"]) == 2 and res["n_blocks"] == 2
+    for lay in res["layers"]:
+        assert set(lay["models"]) == {"gaussian", "mixture", "data", "hybrid"}
+        for m, per in lay["models"].items():
+            for n, e in per.items():
+                assert 0 <= e["heldout"]["fvu"] < 10 and -1 <= e["heldout"]["cosine"] <= 1, (m, n)
+        # degree 1 of the data projection is the OLS baseline: no input model beats it at degree 1 in-sample
+        assert lay["models"]["data"]["1"]["under_model"]["fvu"] <= lay["models"]["hybrid"]["1"]["under_model"]["fvu"] + 1e-9
+        sp = lay["splice"]
+        assert sp["kind"] == ("lm" if family == "gpt2" else "embedding")
+        assert lay["features"]["eigenvalues"] and lay["recommended"] in lay["models"]
+        if family == "gpt2":
+            assert len(lay["features"]["output_direction_tokens"]) == 2
+    text = (out / "report.md").read_text()
+    assert "quick run" in text and "reproduced" not in text.replace("not a reproduction", "")
+    parser = _Imgs()
+    parser.feed((out / "report.html").read_text())
+    assert len(parser.srcs) == text.count("![") >= 5
+    assert all(s.startswith("data:image/png;base64,") for s in parser.srcs)
+    # resumable: a second run reuses the capture and the finished blocks
+    stamp = (out / "layers" / "0.json").stat().st_mtime_ns
+    again = run_transformer(out, _exp(model), quiet=True, texts=TEXTS)
+    assert (out / "layers" / "0.json").stat().st_mtime_ns == stamp
+    assert again["layers"][0]["models"] == res["layers"][0]["models"]
+    with pytest.raises(ValueError, match="another configuration"):
+        run_transformer(out, _exp(model, degrees=(1,)), quiet=True, texts=TEXTS)
+
+
+def test_bad_configuration_and_cli_errors(tmp_path):
+    with pytest.raises(ValueError, match="input_models"):
+        TransformerExperiment(input_models=("gaussian", "kde"))
+    with pytest.raises(ValueError, match="degrees"):
+        TransformerExperiment(degrees=(0, 2))
+    model = _saved(tmp_path, "bert")
+    with pytest.raises(ValueError, match="out of range"):
+        run_transformer(tmp_path / "r", _exp(model, layers=(5,)), quiet=True, texts=TEXTS)
+    runner = CliRunner()
+    r = runner.invoke(app, ["reproduce", "transformer", "--model", str(tmp_path / "missing"), "--out",
+                            str(tmp_path / "c"), "--quiet"])
+    assert r.exit_code == 2 and "not available locally" in r.output and "Traceback" not in r.output
+    txt = tmp_path / "t.txt"
+    txt.write_text("too short")
+    r = runner.invoke(app, ["reproduce", "transformer", "--model", model, "--text", str(txt), "--out",
+                            str(tmp_path / "d"), "--quiet"])
+    assert r.exit_code == 2 and "ctx_len" in r.output and "Traceback" not in r.output
+    json.dumps(r.output)
