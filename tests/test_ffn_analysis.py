@@ -176,3 +176,32 @@ def test_splicing_the_exact_block_back_recovers_the_clean_output():
             assert recovered(r["exact"]["ce"], r["clean"]["ce"], r["zero"]["ce"]) == pytest.approx(1.0, abs=1e-9)
             assert recovered(r["zero"]["ce"], r["clean"]["ce"], r["zero"]["ce"]) == 0.0
     del transformers
+
+
+def test_input_models_against_scikit_learn_and_known_laws():
+    from sklearn.covariance import LedoitWolf
+
+    from mlpinterp.ffn.capture import Moments
+    from mlpinterp.ffn.input_models import fit_gaussian, fit_mixture
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((4000, 6)) @ rng.standard_normal((6, 6)) + 3.0
+    m = Moments.zeros(6)
+    for s in range(0, 4000, 1000):
+        m.add(X[s:s + 1000])
+    g = fit_gaussian(m, "empirical", X)
+    np.testing.assert_allclose(g.cov, np.cov(X, rowvar=False), rtol=1e-10)
+    np.testing.assert_allclose(g.mean, X.mean(0), rtol=1e-12)
+    lw = fit_gaussian(m, "ledoit-wolf", X)
+    # scikit-learn shrinks the biased (ddof = 0) covariance: equal up to n / (n - 1)
+    np.testing.assert_allclose(lw.cov, LedoitWolf().fit(X).covariance_, rtol=2 / 4000, atol=1e-12)
+    with pytest.raises(ValueError, match="covariance must be"):
+        fit_gaussian(m, "oas", X)
+    Y = np.concatenate([rng.standard_normal((1500, 3)) - 4, rng.standard_normal((500, 3)) + 4])
+    mix, info = fit_mixture(Y, 2, 2000, seed=0)
+    order = np.argsort(mix.means[:, 0])
+    np.testing.assert_allclose(mix.means[order], [[-4] * 3, [4] * 3], atol=0.15)
+    np.testing.assert_allclose(mix.weights[order], [0.75, 0.25], atol=0.03)
+    assert info["converged"]
+    with pytest.raises(ValueError, match="needs at least 3 rows"):
+        fit_mixture(Y[:2], 3, 10)

@@ -146,34 +146,6 @@ def _heldout_metrics(Y: np.ndarray, P: np.ndarray) -> dict:
     return {"fvu": r.fvu, "fvu_se": r.stderr, "cosine": float(cos.mean()), "n": int(Y.shape[0])}
 
 
-def fit_gaussian(moments: Moments, covariance: str, X_sample: np.ndarray):
-    """The Gaussian input model from the fit-token moments; Ledoit-Wolf shrinks toward ``(tr S / d) I`` with the
-    intensity estimated on ``X_sample`` (scikit-learn ``ledoit_wolf_shrinkage``)."""
-    from mlpinterp.gaussian.distributions import Gaussian
-
-    S = moments.cov()
-    if covariance == "ledoit-wolf":
-        from sklearn.covariance import ledoit_wolf_shrinkage
-
-        delta = float(ledoit_wolf_shrinkage(X_sample))
-        S = (1 - delta) * S + delta * np.trace(S) / S.shape[0] * np.eye(S.shape[0])
-    return Gaussian(moments.mean, S)
-
-
-def fit_mixture_model(X: np.ndarray, K: int, n_fit: int, seed: int):
-    """scikit-learn ``GaussianMixture`` (K full covariances, seeded) on a seeded subsample of ``X`` -> our
-    ``GaussianMixture``."""
-    from sklearn.mixture import GaussianMixture as SkGMM
-
-    from mlpinterp.gaussian.distributions import GaussianMixture
-
-    rng = np.random.default_rng(seed)
-    sub = X[rng.choice(X.shape[0], size=min(n_fit, X.shape[0]), replace=False)]
-    gm = SkGMM(n_components=K, covariance_type="full", random_state=seed, reg_covar=1e-6, max_iter=200).fit(sub)
-    return GaussianMixture(gm.weights_, gm.means_, gm.covariances_), {"converged": bool(gm.converged_),
-                                                                      "n_iter": int(gm.n_iter_)}
-
-
 def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, quiet: bool = True) -> tuple[dict, dict]:
     """Every input model x degree for one block: held-out FVU / cosine, FVU under the model, validation FVU.
 
@@ -183,6 +155,7 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
     import mlpinterp as mi
     from mlpinterp.ffn.diagnostics import gaussianity
     from mlpinterp.ffn.hybrid import finetune
+    from mlpinterp.ffn.input_models import fit_gaussian, fit_mixture
     from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
     from mlpinterp.ffn.readout import Readout, RidgeBasis
     from mlpinterp.networks import MLP
@@ -231,7 +204,7 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 
     if "mixture" in exp.input_models:
         t0 = time.perf_counter()
-        mix, mix_info = fit_mixture_model(X_fit, exp.mixture_components, exp.mixture_fit_samples, exp.seed)
+        mix, mix_info = fit_mixture(X_fit, exp.mixture_components, exp.mixture_fit_samples, exp.seed)
         res["mixture"] = {"K": mix.K, **mix_info}
         exact_moments = _mixture_normal_equations()
         high = [n for n in degrees if n >= 2]
