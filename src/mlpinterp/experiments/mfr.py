@@ -370,15 +370,12 @@ class MinilmExperiment:
 def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
                device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
-    from mlpinterp.sae.activations import (
-        DEFAULT_TEXT_DIR,
-        ActivationConfig,
-        ActivationSource,
-        load_model,
-        read_texts,
-        token_chunks,
-    )
-    from mlpinterp.sae.evaluate import embedding_recovered, lm_loss_recovered
+    from mlpinterp.lm.hooks import hook_activations
+    from mlpinterp.lm.models import load_model
+    from mlpinterp.lm.recovery import embedding_recovered, lm_loss_recovered
+    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts, token_chunks
+    from mlpinterp.sae.activations import ActivationConfig, ActivationSource
+    from mlpinterp.sae.evaluate import sae_fn
 
     conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
     out = Path(out)
@@ -401,8 +398,6 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     if not (cache / "manifest.json").exists():
         for _ in warm._cached_stream(0):
             pass
-    from mlpinterp.sae.activations import hook_activations
-
     held = hook_activations(model, exp.hook_point, eval_ids)
     held = held[~torch.isin(eval_ids, torch.tensor(tok.all_special_ids))].float()
     results: list[dict] = []
@@ -429,10 +424,10 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                        "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
                        "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha}
                 if is_lm:
-                    rec = [lm_loss_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
+                    rec = [lm_loss_recovered(model, exp.hook_point, sae_fn(s.cpu().eval()), eval_ids) for s in trainer.saes]
                     res.update({"loss_recovered": [r["loss_recovered"] for r in rec], "lm": rec})
                 else:
-                    rec = [embedding_recovered(model, exp.hook_point, s.cpu().eval(), eval_ids) for s in trainer.saes]
+                    rec = [embedding_recovered(model, exp.hook_point, sae_fn(s.cpu().eval()), eval_ids) for s in trainer.saes]
                     res.update({"cosine_recovered": [r["cosine_recovered"] for r in rec],
                                 "mse_recovered": [r["mse_recovered"] for r in rec], "embedding": rec})
                 atomic_write_json(done, res)

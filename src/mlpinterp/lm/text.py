@@ -1,0 +1,76 @@
+"""Real text for language-model activations: corpora on disk and token chunks with the model's special tokens.
+
+Used by every consumer of model activations (SAE training in :mod:`mlpinterp.sae`, FFN-block inputs in
+:mod:`mlpinterp.ffn`). Text is tokenised with the model's own tokenizer and cut into chunks of ``ctx_len``
+tokens including the tokenizer's special-token template (``[CLS] ... [SEP]`` for BERT, nothing for GPT-2).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+DEFAULT_TEXT_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "text"
+"""``<repo>/../shared/data/text`` (the project's bundled corpora)."""
+
+
+def read_texts(paths: Sequence[str | os.PathLike] | str | os.PathLike | None = None) -> list[str]:
+    """Read text files (a directory means all its ``*.txt``, sorted); default: the bundled corpora."""
+    if paths is None:
+        paths = DEFAULT_TEXT_DIR
+    if isinstance(paths, (str, os.PathLike)):
+        p = Path(paths)
+        if p.is_dir():
+            files = sorted(p.glob("*.txt"))
+            if not files:
+                raise ValueError(f"text directory {str(p)!r} holds no *.txt files")
+        else:
+            files = [p]
+    else:
+        files = [Path(p) for p in paths]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"text files not found: {missing}")
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def special_template(tokenizer) -> tuple[list[int], list[int]]:
+    """(prefix, suffix) token ids the tokenizer adds around a text, e.g. ``([CLS], [SEP])`` or ``([], [])``."""
+    with_sp = list(tokenizer("a")["input_ids"])
+    without = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    for i in range(len(with_sp) - len(without) + 1):
+        if with_sp[i:i + len(without)] == without:
+            return with_sp[:i], with_sp[i + len(without):]
+    return [], []
+
+
+def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int | None = None) -> Tensor:
+    """Tokenise ``texts`` and cut them into ``[n_chunks, ctx_len]`` int64 chunks with the special template.
+
+    Raises ``ValueError`` if ``ctx_len`` leaves no room for content tokens or the texts are too short.
+    """
+    prefix, suffix = special_template(tokenizer)
+    body = ctx_len - len(prefix) - len(suffix)
+    if body < 1:
+        raise ValueError(f"ctx_len must exceed the {len(prefix) + len(suffix)} special tokens, got {ctx_len}")
+    chunks: list[list[int]] = []
+    saved_max = getattr(tokenizer, "model_max_length", None)
+    try:  # long documents are cut into chunks here, so the tokenizer's length warning does not apply
+        tokenizer.model_max_length = int(1e30)
+        for text in texts:
+            for para_start in range(0, len(text), 200_000):
+                ids = tokenizer(text[para_start:para_start + 200_000], add_special_tokens=False)["input_ids"]
+                for s in range(0, len(ids) - body + 1, body):
+                    chunks.append(prefix + list(ids[s:s + body]) + suffix)
+                    if max_chunks is not None and len(chunks) >= max_chunks:
+                        return torch.tensor(chunks, dtype=torch.int64)
+    finally:
+        if saved_max is not None:
+            tokenizer.model_max_length = saved_max
+    if not chunks:
+        raise ValueError(f"texts hold fewer than ctx_len={ctx_len} tokens")
+    return torch.tensor(chunks, dtype=torch.int64)
