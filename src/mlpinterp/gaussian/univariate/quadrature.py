@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlpinterp.gaussian.hermite import he_stack
 from mlpinterp.gaussian.univariate.common import Z0_MAX, checked, pdf
 
 _N_GL = 16
@@ -83,15 +84,14 @@ def _quad(mu, s, kinks, integrand, n_out: int) -> np.ndarray:
 
 
 def quad_hermite_e(act, mu, s, n):
+    """E[phi(mu + s Z) He_k(Z)], k = 0..n, by the rule: [N, n + 1] (flat mu, s > 0)."""
+
     def integrand(z, y, w, m, sg):
         f = w * checked(act.fn(y), act.name)
-        res = np.empty((len(m), n + 1))
-        h_prev, h_cur = np.ones_like(z), z
-        res[:, 0] = f.sum(axis=1)
-        for k in range(1, n + 1):
-            res[:, k] = np.einsum("ij,ij->i", f, h_cur)
-            h_prev, h_cur = h_cur, z * h_cur - k * h_prev
-        return res
+        # chunks hold ~1 << 18 (node, degree) entries, so the [rows, Q, n + 1] basis stays cache-sized; measured
+        # against the former hand-written per-degree recurrence (silu/tanh, 3000 neurons, 1 thread, load ~9, noisy):
+        # 0.8x-1.3x of its time for n = 1..8, 0.65x-0.8x for n = 160 (the bivariate Mehler order): not a hot path
+        return np.einsum("ij,ijk->ik", f, he_stack(n, z))
 
     return _quad(mu, s, act.kinks, integrand, n + 1)
 
