@@ -29,7 +29,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
     from mlpinterp.experiments.transformer import INPUT_MODELS, TransformerExperiment
 
-    default = TransformerExperiment()
+    default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 
     @reproduce_app.command("transformer", context_settings=_MULTI)
     def reproduce_transformer(
@@ -41,15 +41,17 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         input_model: list[str] = typer.Option(list(INPUT_MODELS), help="Input model(s), repeatable: "
                                               + " | ".join(INPUT_MODELS) + "."),
         out: Path = typer.Option(Path("runs/transformer"), help="Output directory (resumable)."),
-        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in minutes on a CPU (fewer "
-                                   "tokens, K = 4, 100 fine-tuning steps): no verdicts."),
+        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in minutes on a CPU "
+                                   f"({quick_cfg.capture.max_tokens:,} tokens, K = {quick_cfg.mixture_components}, "
+                                   f"{quick_cfg.hybrid.steps} fine-tuning steps): no verdicts."),
         text: Path = typer.Option(None, help="Text file or directory of *.txt (default: ../shared/data/text)."),
         max_tokens: int = typer.Option(0, min=0, help=f"Content tokens to read (0: {default.capture.max_tokens:,}; "
-                                       "quick: 20,000)."),
+                                       f"quick: {quick_cfg.capture.max_tokens:,})."),
         covariance: str = typer.Option(default.covariance, help="Gaussian input model: empirical | ledoit-wolf."),
         mixture_components: int = typer.Option(0, min=0, help=f"K of the mixture (0: {default.mixture_components}; "
-                                               "quick: 4)."),
-        hybrid_steps: int = typer.Option(0, min=0, help=f"Fine-tuning steps (0: {default.hybrid.steps}; quick: 100)."),
+                                               f"quick: {quick_cfg.mixture_components})."),
+        hybrid_steps: int = typer.Option(0, min=0, help=f"Fine-tuning steps (0: {default.hybrid.steps}; "
+                                  f"quick: {quick_cfg.hybrid.steps})."),
         seed: int = typer.Option(default.seed, min=0, help="Seed (split, mixture, Monte Carlo, fine-tuning)."),
         quiet: bool = typer.Option(False, "--quiet/--no-quiet", help="No progress bars."),
         threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),

@@ -103,9 +103,9 @@ class TransformerExperiment:
     @classmethod
     def quick(cls, **kw) -> TransformerExperiment:
         """A pipeline check in a few minutes on a 2-core CPU (fewer tokens, a small mixture, a short fine-tune)."""
-        base = dict(capture=CaptureConfig(max_tokens=20_000, keep_fit=16_000), mixture_components=4,
-                    mixture_fit_samples=5_000, mixture_samples=20_000, hybrid=HybridConfig(steps=100, batch_size=1024),
-                    splice_sequences=32, mc_samples=20_000, run="quick")
+        base = dict(capture=CaptureConfig(max_tokens=12_000, keep_fit=12_000), mixture_components=4,
+                    mixture_fit_samples=4_000, mixture_samples=10_000, hybrid=HybridConfig(steps=40, batch_size=512),
+                    splice_sequences=16, mc_samples=10_000, run="quick")
         base.update(kw)
         return cls(**base)
 
