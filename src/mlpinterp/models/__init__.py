@@ -2,6 +2,7 @@
 
 from mlpinterp.models.classifier import ACTIVATIONS, ARCHS, Classifier, ClassifierConfig
 from mlpinterp.models.train import (
+    RunConflictError,
     checkpoint_path,
     checkpoint_steps,
     find_checkpoints,
@@ -14,6 +15,7 @@ __all__ = [
     "ARCHS",
     "Classifier",
     "ClassifierConfig",
+    "RunConflictError",
     "checkpoint_path",
     "checkpoint_steps",
     "find_checkpoints",
