@@ -10,8 +10,8 @@ import numpy as np
 import typer
 
 from mlpinterp.cli.errors import expected_errors, fail
-from mlpinterp.experiments.polynomial_repro import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
-from mlpinterp.models.classifier import ClassifierConfig
+from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
+from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
 
 

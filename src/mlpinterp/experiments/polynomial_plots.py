@@ -99,19 +99,26 @@ def _attack_figure(res, path):
     att = res["attack"]
     ks = att["k"]
     methods = [m for m in ("svd", "svd-raw", "random", "pca") if m in att]
-    fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 4), sharey=True, squeeze=False)
+    ncols = 2 if len(methods) > 2 else len(methods)  # 2 x 2: readable at report width
+    nrows = -(-len(methods) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
     titles = {"svd": "top-k SVD directions of B Σ = Cov(f, x)", "svd-raw": "top-k SVD directions of raw B",
               "random": "k random directions", "pca": "top-k PCA directions of the data"}
-    for ax, method in zip(axes[0], methods, strict=True):
+    for ax, method in zip(axes.flat, methods, strict=False):
         for model, d in att[method].items():
             _band(ax, ks, d, STYLE[model])
         ax.axhline(1.0 / res["dataset"]["n_classes"], color="gray", ls=":", label="chance")
         ax.set_title(titles[method], fontsize=10)
         ax.set_xlabel("k ablated directions")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
+    for row in axes:
+        row[0].set_ylabel("test accuracy")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(f"Network and approximant accuracy as k input directions are projected out: {_spread_title(res)}",
+                 fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
