@@ -6,7 +6,7 @@ the configuration's defaults and field docs without importing torch.
 
 from __future__ import annotations
 
-import importlib
+from mlpinterp.utils.lazy import lazy_getattr
 
 _EXPORTS = {
     "ACTIVATIONS": "mlpinterp.models.classifier",
@@ -24,12 +24,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mlpinterp.models' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:
