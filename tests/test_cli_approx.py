@@ -59,3 +59,13 @@ def test_approx_bad_inputs(tmp_path):
     trunc.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
     r = runner.invoke(app, ["approx", str(trunc), "--activation", "relu"])
     assert r.exit_code != 0 and "safetensors" in flat(r.output)
+
+
+def test_approx_missing_dataset_files_is_a_message_with_the_fix(tmp_path):
+    rng = np.random.default_rng(2)
+    W1, W2 = rng.standard_normal((6, 784)), rng.standard_normal((10, 6))
+    np.savez(tmp_path / "w.npz", W1=W1, b1=np.zeros(6), W2=W2, b2=np.zeros(10))
+    r = CliRunner().invoke(app, ["approx", str(tmp_path / "w.npz"), "--activation", "relu", "--distribution",
+                                 "mixture", "--dataset", "mnist", "--data-path", str(tmp_path / "nowhere")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
+    assert "missing IDX file" in flat(r.output) and "Fix: pass --data-path" in flat(r.output)

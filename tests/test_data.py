@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -207,7 +208,27 @@ def test_checksum_tables_are_consistent():
         assert table["train_labels"].n_bytes == 60_008
         assert table["test_images"].n_bytes == 7_840_016
         assert table["test_labels"].n_bytes == 10_008
-        assert all(len(s.md5) == 32 for s in table.values())
+        assert all(re.fullmatch("[0-9a-f]{32}", s.md5) for s in table.values())
+
+
+SHARED_README = MNIST_DIR.parent / "README.md"
+
+
+@pytest.mark.skipif(not SHARED_README.is_file(), reason=f"{SHARED_README} absent")
+def test_mnist_checksums_equal_the_shared_data_readme():
+    """Oracle: the md5 / byte table of ../shared/data/README.md, written from the files (not from our code)."""
+    rows = re.findall(r"^\| ([\w.-]+)\.gz \| ([\d,]+) \| ([0-9a-f]{32}) \|$", SHARED_README.read_text(), re.M)
+    readme = {name: (int(n.replace(",", "")), md5) for name, n, md5 in rows}
+    assert len(readme) == 4
+    assert {s.name: (s.n_bytes, s.md5) for s in MNIST_FILES.values()} == readme
+
+
+@needs_fashion
+def test_fashion_mnist_checksums_match_the_debian_files():
+    """Oracle: md5 and length of the installed Debian files, decompressed here with gzip + hashlib."""
+    for spec in FASHION_MNIST_FILES.values():
+        raw = gzip.decompress((FASHION_DIR / f"{spec.name}.gz").read_bytes())
+        assert (len(raw), hashlib.md5(raw).hexdigest()) == (spec.n_bytes, spec.md5), spec.name
 
 
 # --------------------------------------------------------------------------- missing files / locations

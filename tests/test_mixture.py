@@ -8,6 +8,8 @@ Isserlis operator of the CG path; (4) the same problem posed directly in support
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -357,14 +359,15 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_too_large_degree_says_what_fits():
-    # degree 3 at d = 40: C(43, 3) = 12341 features > MAX_DENSE_FEATURES = 5000; the largest support dimension
-    # with C(r + 3, 3) <= 5000 is r = 29 (C(32, 3) = 4960, C(33, 3) = 5456).
-    assert MAX_DENSE_FEATURES == 5000
+    # degree 3 at d = 40: C(43, 3) = 12341 features; the message must name the largest support dimension r with
+    # C(r + 3, 3) <= MAX_DENSE_FEATURES, found here by brute force (r = 29 for the limit 5000: C(32, 3) = 4960).
+    r_max = max(r for r in range(1, 200) if math.comb(r + 3, 3) <= MAX_DENSE_FEATURES)
+    assert math.comb(43, 3) > MAX_DENSE_FEATURES  # the case below really is over the limit
     rng = np.random.default_rng(130)
     d = 40
     mix = GaussianMixture(np.array([0.6, 0.4]), rng.normal(size=(2, d)), np.stack([np.eye(d)] * 2))
     net = random_net("relu", d, rng)
-    with pytest.raises(ValueError, match=r"C\(r \+ 3, 3\) = 12341 .* r <= 29"):
+    with pytest.raises(ValueError, match=rf"C\(r \+ 3, 3\) = 12341 .* r <= {r_max}\b"):
         fit_polynomial(net, mix, 3)
     with pytest.raises(ValueError, match="use method='cg'"):
         fit_mixture(random_net("relu", 120, rng), GaussianMixture(np.ones(1), np.zeros((1, 120)), np.eye(120)[None]),

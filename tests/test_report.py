@@ -188,6 +188,10 @@ def test_summary_matches_statistics_module():
     assert mean_std([], ".3f") == DASH and mean_std([None, float("nan")]) == DASH
     assert mean_std([0.5, 0.7], ".1f", scale=100, unit="%") == "60.0% ± 14.1% (n = 2)"
     assert summary([0.5]).to_dict() == {"mean": 0.5, "std": None, "se": None, "n": 1}
+    # n stated in a table header: the suffix is dropped only when the count matches it
+    assert summary([1.0, 3.0]).format(".1f", n=2) == "2.0 ± 1.4"
+    assert summary([1.0, None]).format(".1f", n=2) == "1.0 (n = 1)"
+    assert summary([1.0]).format(".1f", n=1) == "1.0"
     with pytest.raises(TypeError, match="values"):
         summary("abc")
     with pytest.raises(TypeError, match="numbers or None"):

@@ -17,6 +17,7 @@ from mlpinterp.data import Dataset, load_digits
 from mlpinterp.models import (
     Classifier,
     ClassifierConfig,
+    RunConflictError,
     checkpoint_steps,
     find_checkpoints,
     load_classifier,
@@ -261,8 +262,38 @@ def test_extending_steps_is_bit_identical(digits, tmp_path, reference_run):
 
 
 def test_out_dir_of_another_run_is_refused(digits, reference_run):
-    with pytest.raises(ValueError, match="another run: config differs in lr"):
+    with pytest.raises(RunConflictError, match=r"another run \(lr saved 0.005, requested 0.001\)") as info:
         train_classifier(small_cfg(lr=1e-3), digits, reference_run, progress=False)
+    assert info.value.diff == {"lr": (5e-3, 1e-3)}
+    assert "lr=0.005" in info.value.fix and isinstance(info.value, ValueError)
+    with pytest.raises(RunConflictError) as info:
+        train_classifier(small_cfg(lr=1e-3, seed=3), digits, reference_run, progress=False)
+    assert info.value.diff == {"lr": (5e-3, 1e-3), "seed": (0, 3)}
+
+
+def test_warmup_beyond_steps_is_kept_so_a_short_run_extends_bit_identically(digits, tmp_path):
+    """warmup_steps > steps is used as given (never clamped to steps): 100 steps then 200 == 200 directly."""
+    train_classifier(small_cfg(steps=100, warmup_steps=300), digits, tmp_path / "short", progress=False)
+    meta = json.loads((tmp_path / "short" / "step_0000100.json").read_text())
+    assert meta["config"]["warmup_steps"] == 300
+    train_classifier(small_cfg(steps=200, warmup_steps=300), digits, tmp_path / "short", progress=False)
+    train_classifier(small_cfg(steps=200, warmup_steps=300), digits, tmp_path / "direct", progress=False)
+    assert_bit_identical(state(tmp_path / "short" / "step_0000200.safetensors"),
+                         state(tmp_path / "direct" / "step_0000200.safetensors"))
+
+
+def test_corrupt_resume_files_name_the_file_and_the_fix(digits, tmp_path):
+    train_classifier(small_cfg(steps=32), digits, tmp_path, progress=False)
+    (tmp_path / "step_0000032.json").write_text("{truncated")
+    with pytest.raises(ValueError, match=r"step_0000032.json.*not valid JSON.*delete it"):
+        train_classifier(small_cfg(steps=64), digits, tmp_path, progress=False)
+    (tmp_path / "step_0000032.json").unlink()
+    (tmp_path / "step_0000032.safetensors").unlink()
+    train_classifier(small_cfg(steps=24), digits, tmp_path / "b", progress=False)
+    optim = tmp_path / "b" / "optim_0000024.safetensors"
+    optim.write_bytes(optim.read_bytes()[:40])
+    with pytest.raises(ValueError, match=r"optim_0000024.safetensors.*delete it"):
+        train_classifier(small_cfg(steps=64), digits, tmp_path / "b", progress=False)
 
 
 def test_train_input_validation(digits, tmp_path):
@@ -280,7 +311,10 @@ def test_glu_trains_and_round_trips(digits, tmp_path):
     cfg = small_cfg(arch="glu", activation="identity", steps=48)
     paths = train_classifier(cfg, digits, tmp_path, progress=False)
     model, meta = load_classifier(paths[-1])
-    assert model.cfg == cfg and meta["test_accuracy"] > 0.1
+    assert model.cfg == cfg
+    # Learning happened: chance is 0.1 with binomial SE sqrt(0.09 / 450) = 0.014 on the 450 test images; 48 steps
+    # reach 0.85-0.88 (seeds 0-2, measured), so 0.6 is > 35 SE above chance and still leaves a wide margin.
+    assert meta["test_accuracy"] > 0.6
     x = torch.tensor(digits.X_test[:5])
     # bilinear layer: W2 ((W x + b) * (V x + c)) + b2
     h = model.gate(x) * model.value(x)

@@ -9,7 +9,7 @@ The public names below are imported lazily so that ``import mlpinterp`` stays fa
 
 from __future__ import annotations
 
-import importlib
+from mlpinterp.utils.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -39,12 +39,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mlpinterp' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

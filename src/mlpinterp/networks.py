@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpinterp.gaussian.activations import Activation, get_activation
+from mlpinterp.utils.reprs import digest, short_repr
 from mlpinterp.utils.validation import as_inputs, check_shape, frozen, to_numpy
 
 
@@ -56,6 +57,11 @@ class MLP:
     d_in = property(lambda self: self.W1.shape[1], doc="Input dimension.")
     d_hidden = property(lambda self: self.W1.shape[0], doc="Number of hidden neurons.")
     d_out = property(lambda self: self.W2.shape[0], doc="Output dimension.")
+
+    def __repr__(self) -> str:
+        """Shapes, activation, dtype and a digest of the weights (equal digest: bit-identical weights)."""
+        return short_repr("MLP", d_in=self.d_in, d_hidden=self.d_hidden, d_out=self.d_out, activation=self.activation,
+                          dtype=self.W1.dtype, digest=digest(self.W1, self.b1, self.W2, self.b2))
 
     def hidden(self, X) -> np.ndarray:
         """Post-activations ``phi(W1 x + b1)``: ``[n, d_hidden]``."""
@@ -150,6 +156,11 @@ class GLU:
     d_in = property(lambda self: self.W.shape[1], doc="Input dimension.")
     d_hidden = property(lambda self: self.W.shape[0], doc="Number of gated units.")
     d_out = property(lambda self: self.W2.shape[0], doc="Output dimension.")
+
+    def __repr__(self) -> str:
+        """Shapes, gate activation, dtype and a digest of the weights (equal digest: bit-identical weights)."""
+        return short_repr("GLU", d_in=self.d_in, d_hidden=self.d_hidden, d_out=self.d_out, activation=self.activation,
+                          dtype=self.W.dtype, digest=digest(self.W, self.b, self.V, self.c, self.W2, self.b2))
 
     @classmethod
     def from_module(cls, module, activation=None) -> GLU:

@@ -9,6 +9,11 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from mlpinterp.cli.errors import expected_errors, fail
+from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
+from mlpinterp.models.config import ClassifierConfig
+from mlpinterp.utils.config_docs import field_default, field_docs
+
 
 class DatasetName(StrEnum):
     digits = "digits"
@@ -23,9 +28,62 @@ class DistName(StrEnum):
 
 
 def _console():
-    from rich.console import Console
+    from mlpinterp.utils.console import console
 
-    return Console()
+    return console()
+
+
+_CLS = field_docs(ClassifierConfig)
+_REPRO = field_docs(PolynomialReproConfig)
+
+
+def _g(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _per_dataset(key: str) -> str:
+    """``0.005`` or ``digits 256, mnist 512, ...`` from ``DATASET_DEFAULTS`` (shown as the option's default)."""
+    vals = {name: d[key] for name, d in DATASET_DEFAULTS.items()}
+    if len(set(vals.values())) == 1:
+        return _g(next(iter(vals.values())))
+    return ", ".join(f"{n} {_g(v)}" for n, v in vals.items())
+
+
+_SMOKE_HELP = ", ".join(f"{k} {_g(v)}" for k, v in SMOKE.items())
+
+#: config field -> the CLI option that sets it (for the fix of a resume conflict)
+_FLAGS = {"d_hidden": "--d-hidden", "arch": "--arch", "activation": "--activation", "lr": "--lr",
+          "warmup_steps": "--warmup-steps", "seed": "--seed", "dataset": "--dataset", "mc_samples": "--mc-samples",
+          "covariance": "--covariance", "quadratic_mixture_steps": "--quadratic-mixture-steps", "smoke": "--smoke"}
+
+
+def _conflict_fix(e, out: Path) -> str:
+    """How to continue the run in ``out`` (its saved settings as CLI options) or start a new one."""
+    opts, other = [], []
+    for k, (saved, _) in sorted(e.diff.items()):
+        flag = _FLAGS.get(k)
+        if flag is None:
+            other.append(f"{k}={saved!r}")
+        elif isinstance(saved, bool):
+            opts.append(flag if saved else f"(no {flag})")
+        else:
+            opts.append(f"{flag} {saved}")
+    cont = f"rerun with {' '.join(opts)}" if opts else ""
+    if other:
+        cont += (" and " if cont else "") + f"settings without a CLI option ({', '.join(other)}: Python API)"
+    return f"to continue the run in {str(out)!r} {cont}; to start a new run pass another --out (or delete {str(out)!r})"
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{str(out)!r} exists and is not a directory; pass a directory", param_hint="--out")
+
+
+def _warmup_notice(warmup_steps: int, steps: int, lr: float) -> None:
+    if warmup_steps > steps:
+        _console().print(f"note: --warmup-steps {warmup_steps} > --steps {steps}: the learning rate ramps up for the "
+                         f"whole run and reaches {warmup_steps and steps / warmup_steps:.0%} of its peak {lr:g} "
+                         "(not clamped, so the run can later be extended with a larger --steps)")
 
 
 def load_network(path: Path, activation: str | None):
@@ -119,7 +177,8 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
         raise typer.BadParameter(f"--distribution {kind.value} needs --dataset", param_hint="--dataset")
     from mlpinterp.data import load_dataset
 
-    data = load_dataset(dataset.value, data_path)
+    with expected_errors("pass --data-path DIR holding the dataset's files (or set $MLPINTERP_DATA)"):
+        data = load_dataset(dataset.value, data_path)
     mix = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage="ledoit-wolf")
     return mix if kind == DistName.mixture else mix.pooled()
 
@@ -159,89 +218,135 @@ def approx(
     con.print(f"degree-{degree} approximant of a {type(net).__name__} (d_in={net.d_in}, d_hidden={net.d_hidden}, "
               f"d_out={net.d_out}): FVU = {r.fvu:.6f}{se}")
     if out is not None:
-        path = p.save(out)
+        with expected_errors("pass an --out path in a writable directory"):
+            path = p.save(out)
         con.print(f"wrote {path} and {path.with_suffix('.json')}")
 
 
 def train(
-    out: Annotated[Path, typer.Option(help="Checkpoint directory (re-running resumes).")],
+    out: Annotated[Path, typer.Option(help="Checkpoint directory (re-running resumes; a larger --steps extends a "
+                                           "finished run).")],
     dataset: Annotated[DatasetName, typer.Option(help="Training data.")] = DatasetName.digits,
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
-    d_hidden: Annotated[int, typer.Option(help="Hidden width.")] = 256,
-    arch: Annotated[str, typer.Option(help="mlp or glu.")] = "mlp",
-    activation: Annotated[str, typer.Option(help="relu, gelu, silu, tanh or identity (glu: gate).")] = "relu",
-    lr: Annotated[float, typer.Option(help="Peak learning rate (schedule-free AdamW).")] = 2e-3,
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 8192,
-    warmup_steps: Annotated[int, typer.Option(help="Warm-up steps.")] = 1000,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    d_hidden: Annotated[int | None, typer.Option(help=f"{_CLS['d_hidden']}",
+                                                 show_default=_per_dataset("d_hidden"))] = None,
+    arch: Annotated[str, typer.Option(help=_CLS["arch"])] = field_default(ClassifierConfig, "arch"),
+    activation: Annotated[str, typer.Option(help=_CLS["activation"])] = field_default(ClassifierConfig, "activation"),
+    lr: Annotated[float | None, typer.Option(help=_CLS["lr"], show_default=_per_dataset("lr"))] = None,
+    steps: Annotated[int | None, typer.Option(help=f"{_CLS['steps']}",
+                                              show_default=_per_dataset("steps"))] = None,
+    warmup_steps: Annotated[int, typer.Option(help=_CLS["warmup_steps"])] = field_default(ClassifierConfig,
+                                                                                          "warmup_steps"),
+    seed: Annotated[int, typer.Option(help=_CLS["seed"])] = field_default(ClassifierConfig, "seed"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train a one-hidden-layer classifier with log-spaced, atomic, resumable checkpoints."""
     from mlpinterp.data import load_dataset
-    from mlpinterp.models import ClassifierConfig, train_classifier
+    from mlpinterp.models import RunConflictError, find_checkpoints, train_classifier
 
-    data = load_dataset(dataset.value, data_path)
+    _check_out_dir(out)
+    defaults = DATASET_DEFAULTS[dataset.value]
+    d_hidden = defaults["d_hidden"] if d_hidden is None else d_hidden
+    lr = defaults["lr"] if lr is None else lr
+    steps = defaults["steps"] if steps is None else steps
+    with expected_errors("pass --data-path DIR holding the dataset's files (or set $MLPINTERP_DATA)"):
+        data = load_dataset(dataset.value, data_path)
     try:
         cfg = ClassifierConfig(d_in=data.d_in, n_classes=data.n_classes, d_hidden=d_hidden, arch=arch,
-                               activation=activation, lr=lr, steps=steps, warmup_steps=min(warmup_steps, steps), seed=seed)
+                               activation=activation, lr=lr, steps=steps, warmup_steps=warmup_steps, seed=seed)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from e
-    paths = train_classifier(cfg, data, out, progress=not quiet)
-    _console().print(f"{len(paths)} checkpoints in {out}")
+    _warmup_notice(warmup_steps, steps, lr)
+    before = [s for s, _ in find_checkpoints(out)]
+    with expected_errors():  # the library's messages name the file and say what to delete
+        try:
+            paths = train_classifier(cfg, data, out, progress=not quiet)
+        except RunConflictError as e:
+            fail(e.problem, _conflict_fix(e, out))
+    done_before = [s for s in before if s <= steps]
+    if before and max(before) >= steps:
+        what = f"already trained: nothing to do (the run in {out} reaches step {max(before)})"
+    elif done_before:
+        what = f"resumed at step {max(done_before)}, trained to step {steps}"
+    else:
+        what = f"trained to step {steps}"
+    _console().print(f"{len(paths)} checkpoints in {out}: {what}")
 
 
 def reproduce_polynomial(
-    dataset: Annotated[DatasetName, typer.Option(help="digits (bundled, no download), mnist or fashion-mnist.")] = DatasetName.digits,
-    seeds: Annotated[int, typer.Option(help="Number of training seeds (error bands are mean ± std).")] = 3,
-    out: Annotated[Path, typer.Option(help="Output directory (re-running resumes).")] = Path("runs/polynomial"),
-    steps: Annotated[int | None, typer.Option(help="Training steps (default 8192).")] = None,
-    d_hidden: Annotated[int | None, typer.Option(help="Hidden width (default: digits 256, MNIST 512).")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 2e-3).")] = None,
-    arch: Annotated[str, typer.Option(help="mlp or glu.")] = "mlp",
-    activation: Annotated[str, typer.Option(help="Hidden activation (glu: gate).")] = "relu",
-    mc_samples: Annotated[int | None, typer.Option(help="Monte Carlo samples under the mixture.")] = None,
-    covariance: Annotated[str, typer.Option(help="Class covariance estimator: ledoit-wolf (full rank) or empirical "
-                                            "(singular on real images).")] = "ledoit-wolf",
-    quadratic_mixture_steps: Annotated[str, typer.Option(help="Checkpoints that get the exact mixture quadratic: "
-                                                         "all, final, or auto (all on digits, final on MNIST).")] = "auto",
+    dataset: Annotated[DatasetName, typer.Option(help=_REPRO["dataset"])] = DatasetName.digits,
+    seeds: Annotated[int, typer.Option(help=_REPRO["seeds"] + " Error bands are mean ± std; one seed shows none.")
+                     ] = field_default(PolynomialReproConfig, "seeds"),
+    out: Annotated[Path, typer.Option(help="Output directory (re-running resumes; more --seeds or another --steps "
+                                           "extend it).")] = Path("runs/polynomial"),
+    steps: Annotated[int | None, typer.Option(help="Training steps.",
+                                              show_default=_per_dataset("steps"))] = None,
+    d_hidden: Annotated[int | None, typer.Option(help="Hidden width.",
+                                                 show_default=_per_dataset("d_hidden"))] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate of schedule-free AdamW.",
+                                             show_default=_per_dataset("lr"))] = None,
+    arch: Annotated[str, typer.Option(help=_REPRO["arch"])] = field_default(PolynomialReproConfig, "arch"),
+    activation: Annotated[str, typer.Option(help=_REPRO["activation"])] = field_default(PolynomialReproConfig,
+                                                                                       "activation"),
+    warmup_steps: Annotated[int, typer.Option(help=_REPRO["warmup_steps"])] = field_default(PolynomialReproConfig,
+                                                                                           "warmup_steps"),
+    mc_samples: Annotated[int | None, typer.Option(help="Monte Carlo samples under the mixture.",
+                                                   show_default=_per_dataset("mc_samples"))] = None,
+    covariance: Annotated[str, typer.Option(help=_REPRO["covariance"])] = field_default(PolynomialReproConfig,
+                                                                                       "covariance"),
+    quadratic_mixture_steps: Annotated[str, typer.Option(help=_REPRO["quadratic_mixture_steps"])] = field_default(
+        PolynomialReproConfig, "quadratic_mixture_steps"),
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="Tiny configuration for CI (seconds).")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help=f"{_REPRO['smoke']} Sets {_SMOKE_HELP}; its report draws "
+                                                        "no verdict.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Train, convert every checkpoint into exact polynomial approximants, and write figures + report."""
-    from mlpinterp.experiments.polynomial_repro import PolynomialReproConfig, run_polynomial_repro
+    from mlpinterp.experiments.polynomial_repro import run_polynomial_repro
+    from mlpinterp.models import RunConflictError
 
+    _check_out_dir(out)
     try:
         cfg = PolynomialReproConfig(dataset=dataset.value, seeds=seeds, steps=steps, d_hidden=d_hidden, lr=lr, arch=arch,
-                                    activation=activation, mc_samples=mc_samples, covariance=covariance,
-                                    quadratic_mixture_steps=quadratic_mixture_steps,
+                                    activation=activation, warmup_steps=warmup_steps, mc_samples=mc_samples,
+                                    covariance=covariance, quadratic_mixture_steps=quadratic_mixture_steps,
                                     data_path=str(data_path) if data_path else None, smoke=smoke)
-        cfg.resolved()
+        r = cfg.resolved()
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from e
-    res = run_polynomial_repro(cfg, out, quiet=quiet)
+    _warmup_notice(r["warmup_steps"], r["steps"], r["lr"])
+    with expected_errors():  # messages name the file (corrupt: delete it) or the missing data and how to get it
+        try:
+            res = run_polynomial_repro(cfg, out, quiet=quiet)
+        except RunConflictError as e:
+            fail(e.problem, _conflict_fix(e, out))
     _print_summary(res, out)
 
 
 def _print_summary(res: dict, out: Path) -> None:
     from rich.table import Table
 
+    from mlpinterp.experiments.polynomial_report import _stat
+
     con = _console()
-    t = Table(title=f"{res['dataset']['name']}: final checkpoint (mean ± std over {res['seeds']} seeds)")
+    n = res["seeds"]
+    spread = f"mean ± std over {n} seeds" if n > 1 else "one seed: no spread"
+    smoke = " - smoke run, not a reproduction" if res["config"].get("smoke") else ""
+    t = Table(title=f"{res['dataset']['name']}: final checkpoint ({spread}){smoke}")
     for col in ("approximant", "FVU mixture", "FVU test", "KL test [nats]", "test acc"):
         t.add_column(col)
     for name, d in res["final"].items():
         if name == "network":
-            t.add_row("network", "", "", "", f"{d['test_accuracy']['mean']:.3f} ± {d['test_accuracy']['std']:.3f}")
+            t.add_row("network", "—", "—", "—", _stat(d["test_accuracy"]).format(".3f", n=n))
             continue
-        t.add_row(name, *(f"{d[m]['mean']:.4f} ± {d[m]['std']:.4f}" for m in ("fvu_mixture", "fvu_test", "kl_test",
-                                                                              "test_accuracy")))
+        t.add_row(name, *(_stat(d[m]).format(".4f", n=n) for m in ("fvu_mixture", "fvu_test", "kl_test",
+                                                                   "test_accuracy")))
     con.print(t)
     c = Table(title="Paper claims")
     for col in ("claim", "ours", "verdict"):
         c.add_column(col)
     for r in res["claims"]:
-        c.add_row(r["claim"], r["ours"], r["verdict"])
+        c.add_row(r["claim"], r["ours"], r["verdict"] + (f": {r['reason']}" if r.get("reason") else ""))
     con.print(c)
     con.print(f"report: {out / 'report.md'}  ({out / 'report.html'}, figures in {out / 'figures'})")
 

@@ -107,12 +107,15 @@ def svd_attack(network, approximants: dict, X_train, X_test, y_test, *, input_co
     ``approximants["linear_mixture"]``, ``Sigma = input_cov [d_in, d_in]``); ``svd-raw``: those of ``B`` itself,
     which under real-image covariances are dominated by nearly constant pixels (``B`` contains ``Sigma^-1``);
     baselines: k random orthonormal directions and the top-k PCA directions of the training data.
-    Returns ``{method: {model: [acc_k for k in 0..k_max]}, "k": [...]}``.
+    Returns ``{method: {model: [acc_k for k in 0..k_max]}, "k": [...]}``. Raises ``ValueError`` when ``k_max``
+    exceeds the number of singular directions, ``min(d_out, d_in)`` (it is never silently lowered).
     """
     lin = approximants["linear_mixture"]
     B = lin.coefficients(1)
     d = X_test.shape[1]
-    k_max = min(k_max, min(B.shape))
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or not 0 <= k_max <= min(B.shape):
+        raise ValueError(f"k_max must be an int in [0, min(d_out, d_in) = {min(B.shape)}] (the singular directions of "
+                         f"B [d_out, d_in] = {list(B.shape)}), got {k_max!r}")
     dirs = {
         "svd": top_singular_directions(B @ input_cov, k_max),
         "svd-raw": top_singular_directions(B, k_max),

@@ -22,10 +22,17 @@ STYLE = {
 
 
 def _band(ax, x, d, style, *, clip_low=None):
-    m, s = np.array(d["mean"], dtype=float), np.array(d["std"], dtype=float)  # None (not fitted) -> nan
+    # None -> nan: no point where a metric was not computed, no band where there is no spread (one seed)
+    m, s = np.array(d["mean"], dtype=float), np.array(d["std"], dtype=float)
     ax.plot(x, m, color=style["color"], ls=style["ls"], label=style["label"], marker="o", ms=2.5)
     lo = m - s if clip_low is None else np.maximum(m - s, clip_low)
     ax.fill_between(x, lo, m + s, color=style["color"], alpha=0.15, lw=0)
+
+
+def _spread_title(res) -> str:
+    n = res["seeds"]
+    what = f"mean ± std over {n} seeds (bands)" if n > 1 else "one seed (no spread)"
+    return what + (" - smoke run, not a reproduction" if res["config"].get("smoke") else "")
 
 
 def _curve_figure(res, metric_pairs, ylabel, path, *, logy=True):
@@ -43,39 +50,47 @@ def _curve_figure(res, metric_pairs, ylabel, path, *, logy=True):
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"{res['dataset']['name']}: mean ± std over {res['seeds']} seeds")
+    fig.suptitle(f"{res['dataset']['name']}: {_spread_title(res)}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def _features_figure(per_seed, data, path):
+    """Rows: classes; columns: linear coefficient images at 3 checkpoints, then the top quadratic eigenvectors.
+
+    Each column shares one symmetric colour scale (its colour bar underneath), so magnitudes compare across
+    classes; eigenvector panels carry their eigenvalue underneath.
+    """
     z = np.load(per_seed[0]["features"])
     steps = [int(s) for s in z["steps"]]
     h, w = data.image_shape
     n_cls = data.n_classes
-    cols = [(f"linear @ {s}", z[f"linear_{s}"]) for s in steps]
+    cols = [(f"linear B\nstep {s}", z[f"linear_{s}"], None) for s in steps]
     fin = steps[-1]
     ev, vecs = z[f"eigvals_{fin}"], z[f"eigvecs_{fin}"]
     for i in range(vecs.shape[1]):
-        cols.append((f"eig {i + 1} @ {fin}", vecs[:, i, :]))
-    fig, axes = plt.subplots(n_cls, len(cols), figsize=(1.6 * len(cols), 1.6 * n_cls), squeeze=False)
-    for j, (title, M) in enumerate(cols):
+        cols.append((f"quadratic eigvec {i + 1}\nstep {fin}", vecs[:, i, :], ev[:, i]))
+    fig, axes = plt.subplots(n_cls, len(cols), figsize=(1.75 * len(cols) + 0.6, 1.75 * n_cls + 1.2),
+                             squeeze=False, layout="constrained")
+    for j, (title, M, eig) in enumerate(cols):
+        v = float(np.abs(M[:n_cls]).max()) or 1.0
         for c in range(n_cls):
-            img = M[c].reshape(h, w)
-            v = np.abs(img).max() or 1.0
             ax = axes[c][j]
-            ax.imshow(img, cmap="RdBu_r", vmin=-v, vmax=v)
+            im = ax.imshow(M[c].reshape(h, w), cmap="RdBu_r", vmin=-v, vmax=v)
             ax.set_xticks([])
             ax.set_yticks([])
             if c == 0:
-                ax.set_title(title, fontsize=7)
+                ax.set_title(title, fontsize=9)
             if j == 0:
-                ax.set_ylabel(f"class {c}", fontsize=7)
-            if title.startswith("eig"):
-                ax.text(0.02, 0.02, f"{ev[c, int(title.split()[1]) - 1]:+.2g}", transform=ax.transAxes, fontsize=6)
-    fig.suptitle("Linear coefficients and top quadratic eigenvectors (mixture approximants, seed 0)", fontsize=9)
-    fig.tight_layout()
+                ax.set_ylabel(f"class {c}", fontsize=9)
+            if eig is not None:
+                ax.set_xlabel(f"λ = {eig[c]:+.3g}", fontsize=9, labelpad=2)
+        cb = fig.colorbar(im, ax=axes[:, j], orientation="horizontal", fraction=0.025, pad=0.01, aspect=12)
+        cb.ax.tick_params(labelsize=7)
+        cb.ax.locator_params(nbins=3)
+    fig.suptitle("Linear coefficients and top quadratic eigenvectors (mixture approximants, seed 0);\n"
+                 "red positive, blue negative; one colour scale per column", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -84,38 +99,58 @@ def _attack_figure(res, path):
     att = res["attack"]
     ks = att["k"]
     methods = [m for m in ("svd", "svd-raw", "random", "pca") if m in att]
-    fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 4), sharey=True, squeeze=False)
+    ncols = 2 if len(methods) > 2 else len(methods)  # 2 x 2: readable at report width
+    nrows = -(-len(methods) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
     titles = {"svd": "top-k SVD directions of B Σ = Cov(f, x)", "svd-raw": "top-k SVD directions of raw B",
               "random": "k random directions", "pca": "top-k PCA directions of the data"}
-    for ax, method in zip(axes[0], methods, strict=True):
+    for ax, method in zip(axes.flat, methods, strict=False):
         for model, d in att[method].items():
             _band(ax, ks, d, STYLE[model])
         ax.axhline(1.0 / res["dataset"]["n_classes"], color="gray", ls=":", label="chance")
         ax.set_title(titles[method], fontsize=10)
         ax.set_xlabel("k ablated directions")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
+    for row in axes:
+        row[0].set_ylabel("test accuracy")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(f"Network and approximant accuracy as k input directions are projected out: {_spread_title(res)}",
+                 fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10)):
+def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10), n_images: int = 6):
+    """Test images as the top-k SVD directions of Cov(f, x) are projected out, with the true label of each row and
+    the network's prediction under each panel (green: correct, red: wrong)."""
+    from mlpinterp.models import load_classifier
+
     V = np.load(per_seed[0]["features"])["attack_directions"]  # top SVD directions of Cov(f, x), as in the attack
+    net = load_classifier(per_seed[0]["final_checkpoint"])[0].to_network()
     ks = [k for k in ks if k <= V.shape[1]]
-    X = data.X_test[:6].astype(np.float64)
-    fig, axes = plt.subplots(len(X), len(ks), figsize=(1.4 * len(ks), 1.4 * len(X)), squeeze=False)
+    X = data.X_test[:n_images].astype(np.float64)
+    y = data.y_test[:n_images]
+    fig, axes = plt.subplots(len(X), len(ks), figsize=(1.45 * len(ks) + 0.5, 1.6 * len(X) + 0.6), squeeze=False,
+                             layout="constrained")
     for j, k in enumerate(ks):
         Xa = ablate(X, V[:, :k])
+        pred = net(Xa).argmax(1)
         for i in range(len(X)):
-            axes[i][j].imshow(Xa[i].reshape(data.image_shape), cmap="gray")
-            axes[i][j].set_xticks([])
-            axes[i][j].set_yticks([])
+            ax = axes[i][j]
+            ax.imshow(Xa[i].reshape(data.image_shape), cmap="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ok = pred[i] == y[i]
+            ax.set_xlabel(f"pred {pred[i]}", fontsize=9, color="tab:green" if ok else "tab:red", labelpad=2)
             if i == 0:
-                axes[i][j].set_title(f"k = {k}", fontsize=8)
-    fig.suptitle("Test images with the top-k SVD directions of Cov(f, x) projected out (seed 0)", fontsize=9)
-    fig.tight_layout()
+                ax.set_title(f"k = {k}", fontsize=10)
+            if j == 0:
+                ax.set_ylabel(f"true {y[i]}", fontsize=10)
+    fig.suptitle("Test images with the top-k SVD directions of Cov(f, x) projected out (seed 0);\n"
+                 "row: true label; under each image: the network's prediction (green correct, red wrong)", fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

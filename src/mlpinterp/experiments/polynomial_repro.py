@@ -20,99 +20,48 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from mlpinterp.data import load_dataset
+from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
-from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
+from mlpinterp.models import ClassifierConfig, checkpoint_steps, find_checkpoints, load_classifier, train_classifier
+
+__all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
 from mlpinterp.utils.io import atomic_write_json
 
-DATASET_DEFAULTS = {
-    # width, learning rate, steps, Monte Carlo samples of the mixture
-    "digits": dict(d_hidden=256, lr=5e-3, steps=8192, mc_samples=20_000),
-    "mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
-    "fashion-mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
-}
-SMOKE = dict(d_hidden=32, steps=256, mc_samples=4000, warmup_steps=64)
+RESUMABLE_CHANGES = ("seeds", "steps", "data_path")
+"""Settings that may change between runs into one output directory (more seeds, longer or shorter training, the
+same data elsewhere); any other change would mix results of two configurations and is refused."""
 
 
-@dataclass(frozen=True)
-class PolynomialReproConfig:
-    """Configuration of ``reproduce polynomial`` (every field documented for ``--help``)."""
-
-    dataset: str = "digits"
-    """``digits`` (bundled with scikit-learn), ``mnist`` or ``fashion-mnist`` (IDX files)."""
-    seeds: int = 3
-    """Number of independent training seeds (0..seeds-1)."""
-    steps: int | None = None
-    """Training steps (default 8192)."""
-    d_hidden: int | None = None
-    """Hidden width (default: digits 256, MNIST 512)."""
-    lr: float | None = None
-    """Peak learning rate of schedule-free AdamW (default 2e-3)."""
-    arch: str = "mlp"
-    """``mlp`` or ``glu``."""
-    activation: str = "relu"
-    """Hidden activation (for glu: the gate; relu = ReGLU, silu = SwiGLU)."""
-    warmup_steps: int = 1000
-    """Warm-up steps (paper: 1000)."""
-    mc_samples: int | None = None
-    """Monte Carlo samples of the mixture for FVU/KL under the mixture."""
-    covariance: str = "ledoit-wolf"
-    """Class covariance estimator: ``ledoit-wolf`` (shrunk, full rank) or ``empirical`` (singular on real images)."""
-    quadratic_mixture_steps: str = "auto"
-    """Checkpoints that get the exact mixture quadratic: ``all``, ``final``, or ``auto`` (all when the cached dense
-    solve applies, i.e. (d_in+1)(d_in+2)/2 <= 5000 as on digits; the final one otherwise, as on MNIST)."""
-    attack_k: int = 10
-    """Largest number of ablated input directions in the SVD attack."""
-    data_path: str | None = None
-    """Directory holding the IDX files (default: $MLPINTERP_DATA or ../shared/data/<dataset>)."""
-    smoke: bool = False
-    """Tiny configuration for CI (few steps, small width)."""
-    extra: dict = field(default_factory=dict)
-
-    def resolved(self) -> dict:
-        """Fill dataset defaults (and the smoke overrides) into a plain dict."""
-        if self.dataset not in DATASET_DEFAULTS:
-            raise ValueError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {self.dataset!r}")
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
-        d = dict(DATASET_DEFAULTS[self.dataset])
-        d["warmup_steps"] = self.warmup_steps
-        if self.smoke:
-            d.update(SMOKE)
-        for k in ("steps", "d_hidden", "lr", "mc_samples"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        if self.covariance not in ("ledoit-wolf", "empirical"):
-            raise ValueError(f"covariance must be 'ledoit-wolf' or 'empirical', got {self.covariance!r}")
-        if self.quadratic_mixture_steps not in ("auto", "all", "final"):
-            raise ValueError(f"quadratic_mixture_steps must be 'auto', 'all' or 'final', got {self.quadratic_mixture_steps!r}")
-        if d["steps"] < 16:
-            raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
-        d["warmup_steps"] = min(d["warmup_steps"], d["steps"])
-        if d["mc_samples"] < 2:
-            raise ValueError(f"mc_samples must be >= 2, got {d['mc_samples']}")
-        if self.attack_k < 0:
-            raise ValueError(f"attack_k must be >= 0, got {self.attack_k}")
-        # validate the training hyper-parameters now, before anything is written
-        ClassifierConfig(d_in=1, n_classes=2, d_hidden=d["d_hidden"], arch=self.arch, activation=self.activation,
-                         lr=d["lr"], warmup_steps=d["warmup_steps"], steps=d["steps"])
-        out = asdict(self)
-        out.update(d)
-        return out
+def _read_json(path: Path):
+    """Parse a JSON file this experiment wrote; a corrupt one raises ``ValueError`` saying to delete it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{str(path)!r} is not valid JSON ({e}); delete it and rerun to recompute it") from e
 
 
-def _progress(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _check_resume(out: Path, r: dict) -> None:
+    """Refuse to resume into ``out`` when its ``config.json`` differs in a setting not in ``RESUMABLE_CHANGES``."""
+    from mlpinterp.models import RunConflictError
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    disable=quiet, transient=False)
+    f = out / "config.json"
+    if not f.exists():
+        return
+    old = _read_json(f)
+    if not isinstance(old, dict):
+        raise ValueError(f"{str(f)!r} must hold a JSON object; delete it and rerun")
+    diff = {k: (old.get(k), r.get(k)) for k in sorted(set(old) | set(r))
+            if k not in RESUMABLE_CHANGES and old.get(k) != r.get(k)}
+    if diff:
+        raise RunConflictError(out, "config.json", diff)
 
 
 def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False) -> dict:
@@ -123,9 +72,13 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     r = cfg.resolved()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _check_resume(out, r)
     atomic_write_json(out / "config.json", r)
     t_start = time.perf_counter()
     data = load_dataset(cfg.dataset, cfg.data_path)
+    if r["attack_k"] > min(data.n_classes, data.d_in):
+        raise ValueError(f"attack_k must be <= min(n_classes, d_in) = {min(data.n_classes, data.d_in)} on "
+                         f"{data.name} (the singular directions of the linear approximant), got {r['attack_k']}")
     shrink = "ledoit-wolf" if cfg.covariance == "ledoit-wolf" else 0.0
     mixture = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage=shrink)
     gaussian = mixture.pooled()
@@ -164,16 +117,16 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     ev_dir = seed_dir / "eval"
     ev_dir.mkdir(parents=True, exist_ok=True)
     ap_dir = seed_dir / "approximants"
-    ckpts = find_checkpoints(ck_dir)
+    wanted = set(checkpoint_steps(r["steps"]))  # this run's checkpoints (a longer earlier run may have left more)
+    ckpts = [(s, p) for s, p in find_checkpoints(ck_dir) if s in wanted]
     steps = [s for s, _ in ckpts]
     quad_steps = _quadratic_mixture_steps(steps, data.d_in, r["quadratic_mixture_steps"])
     curves, final_approx = [], None
-    with _progress(quiet) as prog:
-        task = prog.add_task(f"seed {seed}: approximants", total=len(ckpts))
+    with tqdm(total=len(ckpts), desc=f"seed {seed}: approximants", unit="ckpt", disable=quiet) as bar:
         for step, path in ckpts:
             f = ev_dir / f"step_{step:07d}.json"
             if f.exists():
-                res = json.loads(f.read_text())
+                res = _read_json(f)
             else:
                 model, meta = load_classifier(path)
                 res, approx = evaluate_checkpoint(model.to_network(), inputs, quadratic_mixture=step in quad_steps)
@@ -185,7 +138,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                         p.save(ap_dir / name)
                 atomic_write_json(f, res)
             curves.append(res)
-            prog.advance(task)
+            bar.update(1)
 
     final_step, final_path = ckpts[-1]
     model, _ = load_classifier(final_path)
@@ -199,16 +152,26 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
             for name, p in final_approx.items():
                 p.save(ap_dir / name)
     attack_file = seed_dir / "attack.json"
-    if attack_file.exists():
-        attack = json.loads(attack_file.read_text())
-    else:
+    attack = _read_json(attack_file) if attack_file.exists() else None
+    if attack is None or attack.get("step", final_step) != final_step:  # (re)compute after extending training
         attack = svd_attack(net, final_approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
                             input_cov=inputs.mixture.cov, k_max=r["attack_k"], seed=seed)
+        attack["step"] = final_step
         atomic_write_json(attack_file, attack)
     feat_file = seed_dir / "features.npz"
-    if not feat_file.exists():
+    if not feat_file.exists() or _features_step(feat_file) != final_step:
         _save_features(feat_file, ck_dir, inputs, steps, final_approx)
-    return {"seed": seed, "curves": curves, "attack": attack, "features": str(feat_file)}
+    return {"seed": seed, "curves": curves, "attack": attack, "features": str(feat_file),
+            "final_checkpoint": str(final_path)}
+
+
+def _features_step(path: Path) -> int | None:
+    """The final step recorded in a ``features.npz`` (``None`` when it cannot be read: it is then recomputed)."""
+    try:
+        with np.load(path) as z:
+            return int(z["steps"][-1])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _save_features(path: Path, ck_dir: Path, inputs: EvalInputs, steps: list[int], final_approx: dict,

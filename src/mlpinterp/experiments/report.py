@@ -88,11 +88,14 @@ class Summary:
         """``{"mean", "std", "se", "n"}`` for JSON (``None`` where undefined, never a made-up 0)."""
         return {"mean": self.mean, "std": self.std, "se": self.se, "n": self.n}
 
-    def format(self, fmt: str = ".4g", *, spread: str = "std", scale: float = 1.0, unit: str = "") -> str:
+    def format(self, fmt: str = ".4g", *, spread: str = "std", scale: float = 1.0, unit: str = "",
+               n: int | None = None) -> str:
         """``"m ± s (n = N)"`` with ``format(value, fmt)``; ``"m (n = 1)"``; ``"—"`` when ``n == 0``.
 
         ``spread``: ``"std"`` (sample standard deviation) or ``"se"`` (standard error, labelled ``s.e.``);
-        ``scale`` multiplies mean and spread (e.g. 100 for percentages, with ``unit="%"``).
+        ``scale`` multiplies mean and spread (e.g. 100 for percentages, with ``unit="%"``). ``n``: the count a
+        table's header already states; when ``self.n`` equals it the ``(n = ...)`` suffix is left out
+        (``"m ± s"``, or ``"m"`` for one value), otherwise it is kept.
         """
         if spread not in ("std", "se"):
             raise ValueError(f"spread must be 'std' or 'se', got {spread!r}")
@@ -100,10 +103,11 @@ class Summary:
             return DASH
         m = f"{format(self.mean * scale, fmt)}{unit}"
         s = self.std if spread == "std" else self.se
-        if s is None:
-            return f"{m} (n = {self.n})"
         label = "s.e., " if spread == "se" else ""
-        return f"{m} ± {format(s * scale, fmt)}{unit} ({label}n = {self.n})"
+        suffix = "" if n == self.n and not label else f" ({label}n = {self.n})"
+        if s is None:
+            return m + ("" if n == self.n else f" (n = {self.n})")
+        return f"{m} ± {format(s * scale, fmt)}{unit}{suffix}"
 
     def __str__(self) -> str:
         return self.format()
@@ -197,7 +201,7 @@ def verdict(passed: bool | None, reason: str, *, run: str = "full", failed: str 
         unless ``passed`` is ``True``.
     run
         One of :data:`RUN_KINDS`; ``"smoke"``/``"quick"`` give ``"smoke run: not a reproduction"`` whatever
-        ``passed`` is.
+        ``passed`` is, with no reason (nothing is concluded, so there is nothing to justify).
     failed
         Status when ``passed`` is ``False``: ``"not reproduced"`` or ``"worse than baseline"``.
 
@@ -213,7 +217,7 @@ def verdict(passed: bool | None, reason: str, *, run: str = "full", failed: str 
         raise ValueError(f"reason must be one line of text, got {reason!r}")
     reason = reason.strip()
     if run != "full":
-        return Verdict(f"{run} run: not a reproduction", reason)
+        return Verdict(f"{run} run: not a reproduction", "")
     if passed is None:
         if not reason:
             raise ValueError("a 'not measured' verdict needs a reason (why it was not measured)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlpinterp.utils.reprs import digest, short_repr
 from mlpinterp.utils.validation import check_shape, frozen, to_numpy
 
 #: Relative tolerance (w.r.t. the largest eigenvalue) below which an eigenvalue counts as zero
@@ -104,6 +105,11 @@ class Gaussian:
     @property
     def is_singular(self) -> bool:
         return self.rank < self.d
+
+    def __repr__(self) -> str:
+        """Dimension, rank, dtype and a digest of mean and covariance (not the arrays)."""
+        return short_repr("Gaussian", d=self.d, rank=self.rank, dtype=self.mean.dtype,
+                          digest=digest(self.mean, self.cov))
 
     @classmethod
     def standard(cls, d: int) -> Gaussian:
@@ -208,6 +214,11 @@ class GaussianMixture:
     @property
     def K(self) -> int:
         return self.weights.shape[0]
+
+    def __repr__(self) -> str:
+        """Components, dimension, dtype and a digest of weights, means and covariances (not the arrays)."""
+        return short_repr("GaussianMixture", K=self.K, d=self.d, dtype=self.means.dtype,
+                          digest=digest(self.weights, self.means, self.covs))
 
     @property
     def mean(self) -> np.ndarray:

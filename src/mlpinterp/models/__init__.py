@@ -1,22 +1,31 @@
-"""One-hidden-layer MLP/GLU classifiers trained with schedule-free AdamW; atomic, resumable checkpoints."""
+"""One-hidden-layer MLP/GLU classifiers trained with schedule-free AdamW; atomic, resumable checkpoints.
 
-from mlpinterp.models.classifier import ACTIVATIONS, ARCHS, Classifier, ClassifierConfig
-from mlpinterp.models.train import (
-    checkpoint_path,
-    checkpoint_steps,
-    find_checkpoints,
-    load_classifier,
-    train_classifier,
-)
+Names are imported lazily (as in ``mlpinterp``): ``mlpinterp.models.config`` stays torch-free, so the CLI can read
+the configuration's defaults and field docs without importing torch.
+"""
 
-__all__ = [
-    "ACTIVATIONS",
-    "ARCHS",
-    "Classifier",
-    "ClassifierConfig",
-    "checkpoint_path",
-    "checkpoint_steps",
-    "find_checkpoints",
-    "load_classifier",
-    "train_classifier",
-]
+from __future__ import annotations
+
+from mlpinterp.utils.lazy import lazy_getattr
+
+_EXPORTS = {
+    "ACTIVATIONS": "mlpinterp.models.classifier",
+    "ARCHS": "mlpinterp.models.config",
+    "Classifier": "mlpinterp.models.classifier",
+    "ClassifierConfig": "mlpinterp.models.config",
+    "RunConflictError": "mlpinterp.models.train",
+    "checkpoint_path": "mlpinterp.models.train",
+    "checkpoint_steps": "mlpinterp.models.train",
+    "find_checkpoints": "mlpinterp.models.train",
+    "load_classifier": "mlpinterp.models.train",
+    "train_classifier": "mlpinterp.models.train",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+
+
+def __dir__() -> list[str]:
+    return __all__

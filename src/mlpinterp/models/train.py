@@ -134,7 +134,11 @@ def _optimizer_tensors(model: Classifier, opt: torch.optim.Optimizer) -> tuple[d
 
 
 def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path) -> None:
-    tensors, meta = load_tensors(path)
+    fix = "delete it (and its .json) and rerun: training restarts and recomputes the checkpoints bit-identically"
+    try:
+        tensors, meta = load_tensors(path)
+    except ValueError as e:
+        raise ValueError(f"{e}; {fix}") from e
     try:
         state: dict = {}
         for key, val in tensors.items():
@@ -154,30 +158,51 @@ def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path
             for name, p in params.items():
                 p.copy_(tensors[f"y.{name}"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
-        raise ValueError(f"optimizer state {str(path)!r} is invalid or does not match the config ({e})") from e
+        raise ValueError(f"optimizer state {str(path)!r} is invalid or does not match the config ({e}); {fix}") from e
     for g in opt.param_groups:
         g["train_mode"] = True
 
 
 def _read_meta(json_path: Path) -> dict:
     try:
-        return json.loads(json_path.read_text())
+        meta = json.loads(json_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"checkpoint metadata {str(json_path)!r} is not valid JSON ({e})") from e
+        raise ValueError(f"checkpoint metadata {str(json_path)!r} is not valid JSON ({e}); delete it and its "
+                         f".safetensors and rerun: missing checkpoints are recomputed (bit-identical)") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"checkpoint metadata {str(json_path)!r} must be a JSON object, got {type(meta).__name__}; "
+                         "delete it and its .safetensors and rerun: missing checkpoints are recomputed")
+    return meta
 
 
-def _same_run(meta: dict, cfg: ClassifierConfig, data: Dataset) -> str | None:
-    """``None`` if a checkpoint's metadata belongs to this run (ignoring ``steps``), else the reason."""
+class RunConflictError(ValueError):
+    """``out_dir`` holds checkpoints of another run (a setting other than ``steps`` differs).
+
+    Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}`` (``"dataset"`` included when the
+    dataset differs); ``problem``: what conflicts; ``fix``: one line saying how to continue that run or start a new
+    one (the message is ``"problem; fix"``).
+    """
+
+    def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple]):
+        self.out_dir, self.diff = Path(out_dir), dict(diff)
+        what = ", ".join(f"{k} saved {a!r}, requested {b!r}" for k, (a, b) in sorted(self.diff.items()))
+        saved = ", ".join(f"{k}={a!r}" for k, (a, _) in sorted(self.diff.items()))
+        self.fix = (f"to extend that run pass its settings ({saved}); to start a new run choose another output "
+                    f"directory or delete {str(self.out_dir)!r}")
+        self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
+        super().__init__(f"{self.problem}; {self.fix}")
+
+
+def _run_diff(meta: dict, cfg: ClassifierConfig, data: Dataset) -> dict[str, tuple]:
+    """``{field: (saved, requested)}`` for every setting (other than ``steps``) where a checkpoint differs."""
     saved = dict(meta.get("config") or {})
     want = cfg.to_dict()
     saved.pop("steps", None)
     want.pop("steps")
-    diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
-    if diff:
-        return "config differs in " + ", ".join(f"{k}: {saved.get(k)!r} != {want.get(k)!r}" for k in diff)
+    diff = {k: (saved.get(k), want.get(k)) for k in set(saved) | set(want) if saved.get(k) != want.get(k)}
     if meta.get("dataset") != data.name:
-        return f"dataset {meta.get('dataset')!r} != {data.name!r}"
-    return None
+        diff["dataset"] = (meta.get("dataset"), data.name)
+    return diff
 
 
 def train_classifier(
@@ -200,7 +225,10 @@ def train_classifier(
     Re-running with the same ``out_dir`` resumes from the newest complete checkpoint that has its
     training state, skipping finished work (a finished run returns at once); the result is
     bit-identical to an uninterrupted run. ``cfg.steps`` may be raised between runs to extend
-    training; every other field must match the checkpoints already in ``out_dir``.
+    training (a finished run is extended from its last checkpoint) or lowered (the checkpoints up to the new
+    ``steps`` are already there); every other field must match the checkpoints already in ``out_dir``.
+    ``cfg.warmup_steps`` is used as given, also when it exceeds ``cfg.steps`` (the learning rate then ramps for
+    the whole run and never reaches ``cfg.lr``); it is never clamped, so a short run can later be extended.
 
     Parameters
     ----------
@@ -230,8 +258,9 @@ def train_classifier(
         ``cfg`` or ``data`` of the wrong type.
     ValueError
         ``cfg`` does not match ``data`` (d_in, n_classes), fewer training examples than
-        ``batch_size``, ``out_dir`` holds checkpoints of a different run, or a resumed checkpoint
-        is corrupt.
+        ``batch_size``, or a resumed checkpoint is corrupt (the message says which file to delete).
+    RunConflictError
+        ``out_dir`` holds checkpoints of a different run (a ``ValueError``; ``.diff`` and ``.fix`` say how).
     """
     if not isinstance(cfg, ClassifierConfig):
         raise TypeError(f"cfg must be a ClassifierConfig, got {type(cfg).__name__}")
@@ -255,9 +284,9 @@ def train_classifier(
     resume_step, resume_meta = 0, None
     for step, path in existing:
         meta = _read_meta(path.with_suffix(".json"))
-        reason = _same_run(meta, cfg, data)
-        if reason is not None:
-            raise ValueError(f"out_dir {str(out_dir)!r} holds checkpoint {path.name} of another run: {reason}")
+        diff = _run_diff(meta, cfg, data)
+        if diff:
+            raise RunConflictError(out_dir, f"checkpoint {path.name}", diff)
         if (
             step <= cfg.steps
             and _optim_path(out_dir, step).is_file()

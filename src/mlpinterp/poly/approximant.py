@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mlpinterp.gaussian.hermite import hermite_he, hermite_to_monomial
+from mlpinterp.utils.reprs import digest, short_repr
 from mlpinterp.utils.validation import as_inputs, frozen, to_numpy
 
 #: Largest number of float64 entries ``coefficients(k)`` will materialise (2 GiB).
@@ -114,6 +115,13 @@ class RidgePolynomial:
     d_in = property(lambda self: self.A.shape[1])
     d_out = property(lambda self: self.W2.shape[0])
     d_hidden = property(lambda self: self.A.shape[0])
+
+    def __repr__(self) -> str:
+        """Degree, shapes, provenance (method, distribution), dtype and a digest of the factors (not the arrays)."""
+        return short_repr("RidgePolynomial", degree=self.degree, d_in=self.d_in, d_hidden=self.d_hidden,
+                          d_out=self.d_out, gated=self.G is not None, method=_info_str(self.info, "method"),
+                          distribution=_info_str(self.info, "distribution"), dtype=self.A.dtype,
+                          digest=digest(*self.state().values()))
 
     def hidden(self, X, *, chunk: int = 4096) -> np.ndarray:
         """The polynomial hidden units ``h(x)``: ``[n, d_hidden]``."""
@@ -226,6 +234,12 @@ class DensePolynomial:
     d_out = property(lambda self: self.tensors[0].shape[0])
     d_in = property(lambda self: self.tensors[1].shape[1] if len(self.tensors) > 1 else self.info.get("d_in", 0))
 
+    def __repr__(self) -> str:
+        """Degree, shapes, provenance (method, distribution), dtype and a digest of the tensors (not the arrays)."""
+        return short_repr("DensePolynomial", degree=self.degree, d_in=self.d_in, d_out=self.d_out,
+                          method=_info_str(self.info, "method"), distribution=_info_str(self.info, "distribution"),
+                          dtype=self.tensors[0].dtype, digest=digest(*self.tensors))
+
     @property
     def solver_info(self) -> dict[str, Any] | None:
         """Iterative solver diagnostics (iterations, relative residual) when an iterative method was used."""
@@ -280,6 +294,15 @@ class DensePolynomial:
 
 
 Polynomial = RidgePolynomial | DensePolynomial
+
+
+def _info_str(info: dict, key: str) -> str | None:
+    """``info[key]`` as a short string for a repr (``None`` when absent; cut at 60 characters)."""
+    v = info.get(key) if isinstance(info, dict) else None
+    if v is None:
+        return None
+    v = str(v)
+    return v if len(v) <= 60 else v[:57] + "..."
 
 
 class _InputWidthCheck:

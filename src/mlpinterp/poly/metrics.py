@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import log_softmax
 
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import MLP, validate_network
@@ -239,14 +240,10 @@ def _eval_inputs(X, d_in: int) -> np.ndarray:
     return X
 
 
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(1, keepdims=True)
-    return z - np.log(np.exp(z).sum(1, keepdims=True))
-
-
 def kl_from_outputs(f: np.ndarray, p_out: np.ndarray) -> tuple[float, float]:
-    """Mean KL(softmax(f) || softmax(p_out)) in nats over rows, and its standard error.
+    """Mean KL(softmax(f) || softmax(p_out)) in nats over rows, and its standard error (NaN for one row).
 
+    Computed in the log domain (``scipy.special.log_softmax``), so rows whose softmax underflows stay finite.
     ``f``, ``p_out``: ``[n >= 1, n_classes]``. Raises ``ValueError`` if the shapes differ or n = 0.
     """
     f, p_out = np.asarray(f), np.asarray(p_out)
@@ -255,9 +252,9 @@ def kl_from_outputs(f: np.ndarray, p_out: np.ndarray) -> tuple[float, float]:
             f"f and p_out (outputs of the network and of p) must both have shape [n >= 1, n_classes], "
             f"got {list(f.shape)} and {list(p_out.shape)}"
         )
-    lf, lp = _log_softmax(f), _log_softmax(p_out)
+    lf, lp = log_softmax(f, axis=1), log_softmax(p_out, axis=1)
     kl = (np.exp(lf) * (lf - lp)).sum(1)
-    return float(kl.mean()), (float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else 0.0)
+    return float(kl.mean()), (float(kl.std(ddof=1) / math.sqrt(len(kl))) if len(kl) > 1 else math.nan)
 
 
 def kl_divergence(network, p, X) -> tuple[float, float]:

@@ -9,6 +9,7 @@ minimum-norm solution when the mixture covariance is singular (constant pixels).
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.gaussian.univariate import hermite_coefficients
@@ -35,13 +36,6 @@ def component_moments(network: Network, comp: Gaussian) -> tuple[np.ndarray, np.
     return p.coefficients(0) + p.coefficients(1) @ comp.mean, p.coefficients(1) @ comp.cov
 
 
-def pinv_psd(S: np.ndarray, rtol: float = PINV_RTOL) -> np.ndarray:
-    """Moore-Penrose pseudo-inverse of a symmetric PSD matrix by eigendecomposition."""
-    w, v = np.linalg.eigh(S)
-    keep = w > rtol * max(w[-1], 0.0)
-    return (v[:, keep] / w[keep]) @ v[:, keep].T
-
-
 def fit_mixture_linear(network: Network, mixture: GaussianMixture, degree: int = 1) -> DensePolynomial:
     """Exact degree-0 or degree-1 approximant under ``mixture``; returns a ``DensePolynomial``."""
     pi = mixture.weights
@@ -55,5 +49,5 @@ def fit_mixture_linear(network: Network, mixture: GaussianMixture, degree: int =
         return DensePolynomial((ef,), info=info)
     mu = mixture.mean
     cov_fx = sum(p * (m[1] + np.outer(e - ef, mk - mu)) for p, m, e, mk in zip(pi, moments, ef_k, mixture.means, strict=True))
-    B = cov_fx @ pinv_psd(mixture.cov)
+    B = cov_fx @ scipy.linalg.pinvh(mixture.cov, atol=0.0, rtol=PINV_RTOL)  # minimum norm on a singular Cov(x)
     return DensePolynomial((ef - B @ mu, B), info=info)

@@ -1,0 +1,84 @@
+"""Configuration of ``mlpinterp reproduce polynomial`` (torch-free: the CLI builds ``--help`` from it).
+
+``DATASET_DEFAULTS`` and ``SMOKE`` are the values the run resolves to and the values ``--help`` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from mlpinterp.models.config import ClassifierConfig
+
+DATASET_DEFAULTS = {
+    # width, learning rate, steps, Monte Carlo samples of the mixture
+    "digits": dict(d_hidden=256, lr=5e-3, steps=8192, mc_samples=20_000),
+    "mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
+    "fashion-mnist": dict(d_hidden=512, lr=5e-3, steps=8192, mc_samples=20_000),
+}
+SMOKE = dict(d_hidden=32, steps=256, mc_samples=4000, warmup_steps=64)
+
+
+@dataclass(frozen=True)
+class PolynomialReproConfig:
+    """Configuration of ``reproduce polynomial`` (every field documented for ``--help``)."""
+
+    dataset: str = "digits"
+    """``digits`` (bundled with scikit-learn), ``mnist`` or ``fashion-mnist`` (IDX files)."""
+    seeds: int = 3
+    """Number of independent training seeds (0..seeds-1)."""
+    steps: int | None = None
+    """Training steps (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
+    d_hidden: int | None = None
+    """Hidden width (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
+    lr: float | None = None
+    """Peak learning rate of schedule-free AdamW (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
+    arch: str = "mlp"
+    """``mlp`` or ``glu``."""
+    activation: str = "relu"
+    """Hidden activation (for glu: the gate; relu = ReGLU, silu = SwiGLU)."""
+    warmup_steps: int = 1000
+    """Linear learning-rate warm-up steps (paper: 1000); used as given, also beyond ``steps``."""
+    mc_samples: int | None = None
+    """Monte Carlo samples of the mixture for FVU/KL under the mixture (``None``: ``DATASET_DEFAULTS``)."""
+    covariance: str = "ledoit-wolf"
+    """Class covariance estimator: ``ledoit-wolf`` (shrunk, full rank) or ``empirical`` (singular on real images)."""
+    quadratic_mixture_steps: str = "auto"
+    """Checkpoints that get the exact mixture quadratic: ``all``, ``final``, or ``auto`` (all when the cached dense
+    solve applies, i.e. (d_in+1)(d_in+2)/2 <= 5000 as on digits; the final one otherwise, as on MNIST)."""
+    attack_k: int = 10
+    """Largest number of ablated input directions in the SVD attack."""
+    data_path: str | None = None
+    """Directory holding the IDX files (default: $MLPINTERP_DATA or ../shared/data/<dataset>)."""
+    smoke: bool = False
+    """Tiny configuration for CI (few steps, small width)."""
+    extra: dict = field(default_factory=dict)
+
+    def resolved(self) -> dict:
+        """Fill dataset defaults (and the smoke overrides) into a plain dict."""
+        if self.dataset not in DATASET_DEFAULTS:
+            raise ValueError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {self.dataset!r}")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        d = dict(DATASET_DEFAULTS[self.dataset])
+        d["warmup_steps"] = self.warmup_steps
+        if self.smoke:
+            d.update(SMOKE)
+        for k in ("steps", "d_hidden", "lr", "mc_samples"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.covariance not in ("ledoit-wolf", "empirical"):
+            raise ValueError(f"covariance must be 'ledoit-wolf' or 'empirical', got {self.covariance!r}")
+        if self.quadratic_mixture_steps not in ("auto", "all", "final"):
+            raise ValueError(f"quadratic_mixture_steps must be 'auto', 'all' or 'final', got {self.quadratic_mixture_steps!r}")
+        if d["steps"] < 16:
+            raise ValueError(f"steps must be >= 16 (first checkpoint), got {d['steps']}")
+        if d["mc_samples"] < 2:
+            raise ValueError(f"mc_samples must be >= 2, got {d['mc_samples']}")
+        if self.attack_k < 0:
+            raise ValueError(f"attack_k must be >= 0, got {self.attack_k}")
+        # validate the training hyper-parameters now, before anything is written
+        ClassifierConfig(d_in=1, n_classes=2, d_hidden=d["d_hidden"], arch=self.arch, activation=self.activation,
+                         lr=d["lr"], warmup_steps=d["warmup_steps"], steps=d["steps"])
+        out = asdict(self)
+        out.update(d)
+        return out

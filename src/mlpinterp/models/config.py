@@ -1,0 +1,90 @@
+"""Configuration of the one-hidden-layer classifiers (torch-free, so the CLI can build ``--help`` from it quickly)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+ARCHS: tuple[str, ...] = ("mlp", "glu")
+"""Supported architectures."""
+
+ACTIVATION_NAMES: tuple[str, ...] = ("relu", "gelu", "silu", "tanh", "identity")
+"""Hidden activations (the keys of ``mlpinterp.models.classifier.ACTIVATIONS``)."""
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    """Architecture and training hyper-parameters of a one-hidden-layer classifier.
+
+    Defaults follow Rigg & Belrose (2025, §4): schedule-free AdamW, 1,000 warm-up steps,
+    batch 64, weight decay 0.1. The learning rate ``lr=5e-3`` is our choice (measured, one seed):
+    on MNIST (d_hidden 512) it gives test accuracy 96.9 / 98.0 / 98.3 % after 1k / 2k / 10k steps
+    against 95.5 / 97.3 / 98.2 % for 2e-3 and 94.0 / 96.4 / - % for 1e-3; on digits (d_hidden
+    128-256) 1e-3, 2e-3 and 5e-3 all end at 97-98 % (within the 0.7 % standard error of 450 test
+    images) but 5e-3 gets there first. Same final accuracy, faster convergence.
+
+    Raises ``ValueError``/``TypeError`` on construction for an invalid field (named in the message).
+    """
+
+    d_in: int
+    """Input dimension (64 for digits, 784 for MNIST)."""
+    n_classes: int
+    """Number of output classes (logits)."""
+    d_hidden: int = 512
+    """Hidden width: number of neurons (mlp) or of gated units (glu)."""
+    arch: str = "mlp"
+    """``"mlp"`` or ``"glu"``."""
+    activation: str = "relu"
+    """One of ``relu``, ``gelu``, ``silu``, ``tanh``, ``identity``; for glu the gate activation."""
+    lr: float = 5e-3
+    """Peak learning rate of schedule-free AdamW."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay of schedule-free AdamW (applied at y)."""
+    warmup_steps: int = 1000
+    """Linear learning-rate warm-up steps."""
+    batch_size: int = 64
+    """Examples per optimisation step."""
+    steps: int = 10_000
+    """Total optimisation steps."""
+    seed: int = 0
+    """Seed of the initialisation and of the batch order."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_in", "n_classes", "d_hidden", "batch_size", "steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.n_classes < 2:
+            raise ValueError(f"n_classes must be >= 2, got {self.n_classes}")
+        for name in ("warmup_steps", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
+        if self.activation not in ACTIVATION_NAMES:
+            raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
+        for name in ("lr", "weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite float >= 0, got {v!r}")
+        if self.lr == 0:
+            raise ValueError("lr must be > 0, got 0")
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict of all fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ClassifierConfig:
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` on unknown or missing keys."""
+        if not isinstance(d, dict):
+            raise TypeError(f"config must be a dict, got {type(d).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"config has unknown key(s) {unknown}; expected a subset of {sorted(names)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"invalid config {d!r}: {e}") from e
