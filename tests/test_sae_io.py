@@ -147,7 +147,7 @@ def test_saelens_apply_b_dec_to_input_false_is_honoured(tmp_path):
 
 
 def test_saelens_rescale_acts_by_decoder_norm_is_folded_exactly(tmp_path):
-    sae = _saelens_cfg(tmp_path, rescale_acts_by_decoder_norm=True)
+    _saelens_cfg(tmp_path, rescale_acts_by_decoder_norm=True)
     t = load_file(tmp_path / "sae_weights.safetensors")
     t["W_dec"] = t["W_dec"] * torch.linspace(0.5, 2.0, 10, dtype=torch.float64)[:, None]
     save_file(t, tmp_path / "sae_weights.safetensors")

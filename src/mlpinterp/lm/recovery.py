@@ -131,11 +131,11 @@ def kl_ce_scores(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tenso
     for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
         keep = (mask != 0) & ~torch.isin(ids, ignore.to(ids.device))
         keep_ce = keep[:, :-1] & (mask[:, 1:] != 0)
-        clean = model(input_ids=ids, attention_mask=mask).logits.float()
+        clean = _wide(model(input_ids=ids, attention_mask=mask).logits)
         with splice(model, hook_point, fn):
-            spliced = model(input_ids=ids, attention_mask=mask).logits.float()
+            spliced = _wide(model(input_ids=ids, attention_mask=mask).logits)
         with splice(model, hook_point, zero_fn):
-            zero = model(input_ids=ids, attention_mask=mask).logits.float()
+            zero = _wide(model(input_ids=ids, attention_mask=mask).logits)
         log_p = F.log_softmax(clean, dim=-1)
         target = ids[:, 1:]
         for name, logits in (("sae", spliced), ("abl", zero)):
@@ -160,3 +160,8 @@ def kl_ce_scores(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tenso
             "ce_loss_with_ablation": ce_abl, "ce_loss_with_sae": ce_sae, "ce_loss_without_sae": ce_clean},
         "token_stats": {"total_tokens_eval_reconstruction": n_kl},
     }
+
+
+def _wide(logits: Tensor) -> Tensor:
+    """Logits in at least float32 (float64 models keep float64, so tiny KLs keep their digits)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
