@@ -26,7 +26,7 @@ def test_verdicts_say_worse_better_or_nothing():
                  cross=0.999)
     v = {d["condition"]: d for d in _verdicts(runs, "fvu", "full")}
     assert v["mfr"]["verdict"] == "worse than baseline" and v["mfr"]["n"] == 3
-    assert "held-out FVU +" in v["mfr"]["reason"] and "copy each other (cross-SAE MMCS 0.999)" in v["mfr"]["reason"]
+    assert "held-out FVU +" in v["mfr"]["reason"] and "near copies of each other (cross-SAE MMCS 0.999)" in v["mfr"]["reason"]
     assert v["mfr_alpha0.1"]["verdict"] == "better than baseline"
     assert {d["verdict"] for d in _verdicts(runs, "fvu", "quick")} == {"quick run: not a reproduction"}
     one = _runs({"baseline": [0.10], "mfr": [0.2]})

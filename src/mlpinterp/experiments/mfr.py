@@ -334,8 +334,7 @@ def _verdicts(results: list[dict], primary: str, run_kind: str) -> list[dict]:
             if primary != "fvu" and d_fvu.size:
                 reason += f", FVU {np.nanmean(d_fvu):+.1f} %"
             if cross and float(np.mean(cross)) > 0.99 and gain < 0:
-                reason += (f"; the penalty made the SAEs copy each other (cross-SAE MMCS {float(np.mean(cross)):.3f}) "
-                           f"before they fitted the data")
+                reason += f"; the SAEs are near copies of each other (cross-SAE MMCS {float(np.mean(cross)):.3f})"
             out.append({"condition": cond, "k": k, "verdict": word, "reason": reason, "n": n,
                         "mean_diff": mean, "se_diff": se})
     return out
@@ -584,7 +583,8 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                 fvus, rates, l0s = _eval_saes(trainer, held)
                 res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
                        "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
-                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha}
+                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+                       "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan"))}
                 core = [evaluate_sae(s.cpu().eval(), model, eval_ids, special_ids=tok.all_special_ids)
                         for s in trainer.saes]
                 res["saebench_core"] = core
