@@ -6,6 +6,7 @@ import mpmath as mp
 import numpy as np
 import pytest
 import torch
+from transformers.activations import QuickGELUActivation
 
 from mlpinterp.gaussian.activations import ACTIVATION_NAMES, Activation, get_activation, leaky_slope
 
@@ -15,6 +16,7 @@ TORCH_MODULES = {
     "leaky_relu": torch.nn.LeakyReLU(),
     "gelu": torch.nn.GELU(),
     "gelu_tanh": torch.nn.GELU(approximate="tanh"),
+    "quick_gelu": QuickGELUActivation(),  # transformers' own module: x * sigmoid(1.702 x)
     "silu": torch.nn.SiLU(),
     "sigmoid": torch.nn.Sigmoid(),
     "tanh": torch.nn.Tanh(),
@@ -29,6 +31,7 @@ MP_DEFS = {
     "leaky_relu": lambda y: y if y > 0 else mp.mpf("0.01") * y,
     "gelu": lambda y: y * mp.ncdf(y),
     "gelu_tanh": lambda y: y / 2 * (1 + mp.tanh(mp.sqrt(2 / mp.pi) * (y + mp.mpf("0.044715") * y**3))),
+    "quick_gelu": lambda y: y / (1 + mp.exp(-mp.mpf("1.702") * y)),
     "silu": lambda y: y / (1 + mp.exp(-y)),
     "sigmoid": lambda y: 1 / (1 + mp.exp(-y)),
     "tanh": mp.tanh,

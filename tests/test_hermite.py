@@ -81,3 +81,28 @@ def test_bad_z():
         hermite_he(2, [0.0, np.nan])
     with pytest.raises(TypeError, match="z must be"):
         hermite_he(2, "abc")
+
+
+def test_numpy_integer_degrees_are_accepted():
+    # degrees often come out of numpy (np.arange, argmax): np.int64 is an int, np.bool_ is not
+    np.testing.assert_array_equal(hermite_he(np.int64(3), 2.0), hermite_he(3, 2.0))
+    assert hermite_to_monomial(np.int32(2)).shape == (3, 3)
+    with pytest.raises(TypeError, match="n must be a non-negative int, got bool"):
+        hermite_he(np.bool_(True), 2.0)
+
+
+def test_conversion_matrix_against_exact_integers():
+    # independent of numpy: A&S 22.3.11, H[k, k - 2m] = (-1)^m k! / (m! (k - 2m)! 2^m), in exact integer arithmetic
+    n = 40
+    H = hermite_to_monomial(n)
+    ref = np.zeros((n + 1, n + 1))
+    for k in range(n + 1):
+        for m in range(k // 2 + 1):
+            ref[k, k - 2 * m] = (-1) ** m * (math.factorial(k) // (math.factorial(m) * math.factorial(k - 2 * m) * 2**m))
+    np.testing.assert_allclose(H, ref, rtol=2e-15, atol=0)
+    # He_k at z by the recurrence He_{k+1} = z He_k - k He_{k-1} written out here, against hermite_he
+    z = np.linspace(-4.0, 4.0, 9)
+    rec = [np.ones_like(z), z]
+    for k in range(1, 12):
+        rec.append(z * rec[k] - k * rec[k - 1])
+    np.testing.assert_allclose(hermite_he(12, z), np.stack(rec, axis=-1), rtol=1e-14, atol=1e-14)

@@ -40,6 +40,7 @@ MP_ACT = {
     "gelu": lambda y: y * mp.ncdf(y),
     # 0.5 (1 + tanh u) written as 1 / (1 + exp(-2u)) to avoid cancellation at 30 digits
     "gelu_tanh": lambda y: y / (1 + mp.exp(-2 * mp.sqrt(2 / mp.pi) * (y + mp.mpf("0.044715") * y**3))),
+    "quick_gelu": lambda y: y / (1 + mp.exp(-mp.mpf("1.702") * y)),
     "silu": lambda y: y / (1 + mp.exp(-y)),
     "sigmoid": lambda y: 1 / (1 + mp.exp(-y)),
     "tanh": mp.tanh,
@@ -128,6 +129,9 @@ MP_CASES = [
     ("gelu_tanh", WIDE),
     ("silu", LEFT),
     ("silu", NARROW),
+    ("quick_gelu", LEFT),
+    ("quick_gelu", BULK),
+    ("quick_gelu", WIDE),
     ("sigmoid", WIDE),
     ("sigmoid", RIGHT),
     ("tanh", NARROW),
@@ -152,7 +156,7 @@ def test_hermite_coefficients_vs_mpmath(name, case):
 
 @pytest.mark.parametrize(
     "name,case", [("relu", LEFT), ("relu", BULK), ("leaky_relu", (-5.0, 1.0)), ("silu", LEFT), ("gelu", LEFT),
-                  ("tanh", WIDE), ("identity", (-2.0, 0.5))]
+                  ("tanh", WIDE), ("identity", (-2.0, 0.5)), ("quick_gelu", LEFT), ("quick_gelu", BULK)]
 )
 def test_moments_vs_mpmath(name, case):
     mu, s = case
@@ -166,7 +170,7 @@ def test_moments_vs_mpmath(name, case):
 
 @pytest.mark.parametrize(
     "name,case", [("relu", LEFT), ("leaky_relu", LEFT), ("gelu", BULK), ("gelu", LEFT), ("elu", WIDE),
-                  ("sigmoid", NARROW), ("identity", BULK)]
+                  ("sigmoid", NARROW), ("identity", BULK), ("quick_gelu", LEFT), ("quick_gelu", WIDE)]
 )
 def test_second_moment_vs_mpmath(name, case):
     mu, s = case
@@ -192,7 +196,8 @@ def test_relu_tail_beats_naive_formula():
 # ----------------------------------------------------------------------------- derivatives
 
 
-@pytest.mark.parametrize("name", ["relu", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "softplus", "elu"])
+@pytest.mark.parametrize("name", ["relu", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "softplus", "elu",
+                                  "quick_gelu"])
 def test_derivative_ev_by_stein_identity_with_mpmath(name):
     # Gaussian integration by parts: E[phi^{(j)}(Y)] = E[phi(Y) He_j(Z)] / sigma^j, valid distributionally
     # (relu'' = delta, elu''' has a delta); the right side is computed by mpmath quadrature.
@@ -206,7 +211,7 @@ def test_derivative_ev_by_stein_identity_with_mpmath(name):
 
 
 @pytest.mark.parametrize(
-    "name,mu,s,j", [("gelu_tanh", -9.75, 0.456, 2), ("gelu_tanh", -22.06, 0.99, 3)]
+    "name,mu,s,j", [("gelu_tanh", -9.75, 0.456, 2), ("gelu_tanh", -22.06, 0.99, 3), ("quick_gelu", -20.0, 0.7, 3)]
 )
 def test_derivative_ev_tails_vs_mpmath(name, mu, s, j):
     # left tails, where 1 + tanh(u) differences (torch's autograd formula) lose every digit; the Stein
@@ -228,7 +233,7 @@ def test_relu_second_derivative_is_density_at_zero():
     np.testing.assert_allclose(gauss_derivative_ev("relu", mu, s, 1), norm.sf(0, loc=mu, scale=s), rtol=1e-14)
 
 
-@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "softplus", "elu"])
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "softplus", "elu", "quick_gelu"])
 def test_pointwise_derivative_at_sigma_zero_vs_mpmath_diff(name):
     for y in (-2.3, 0.6):
         for j in (1, 2, 4):
@@ -277,7 +282,8 @@ def test_torch_module_and_activation_inputs():
 # ----------------------------------------------------------------------------- point mass, shapes
 
 
-@pytest.mark.parametrize("name", ["identity", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "softplus", "elu"])
+@pytest.mark.parametrize("name", ["identity", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "softplus", "elu",
+                                  "quick_gelu"])
 def test_point_mass_and_continuity(name):
     act = get_activation(name)
     mu = np.array([-2.0, -1e-13, 0.0, 0.5, 3.0])
@@ -432,7 +438,7 @@ def test_extreme_inputs_never_nan():
 def test_tail_integrals_vs_mpmath(nmax):
     # J_n(t) = int_0^inf u^n exp(-t u - u^2 / 2) du: the cancellation-free core of the relu / gelu tails;
     # the recurrence switches between forward and continued-fraction evaluation at t = 1, 3, 8.
-    from mlpinterp.gaussian.univariate import _tail_j
+    from mlpinterp.gaussian.univariate.truncated import tail_j as _tail_j
 
     ts = np.array([0.0, 0.9, 1.2, 2.9, 3.2, 7.5, 8.5, 30.0])
     J = _tail_j(ts, nmax)

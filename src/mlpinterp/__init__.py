@@ -30,6 +30,10 @@ _EXPORTS = {
     "linear_svd": "mlpinterp.poly.spectral",
     "ablate": "mlpinterp.poly.spectral",
     "get_activation": "mlpinterp.gaussian.activations",
+    "from_hf": "mlpinterp.ffn.blocks",
+    "ffn_site": "mlpinterp.ffn.blocks",
+    "ffn_paths": "mlpinterp.ffn.blocks",
+    "FFNSite": "mlpinterp.ffn.blocks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

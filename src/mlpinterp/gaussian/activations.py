@@ -15,6 +15,7 @@ relu       max(y, 0)                                              ``torch.nn.ReL
 leaky_relu y if y > 0 else a*y, a = 0.01 (``"leaky_relu:0.2"``)   ``torch.nn.LeakyReLU(a)``
 gelu       y * Phi(y) (exact, erf form)                           ``torch.nn.GELU()``
 gelu_tanh  0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))        ``torch.nn.GELU(approximate="tanh")``
+quick_gelu y * sigmoid(1.702 y) (OpenAI CLIP, HF ``quick_gelu``)      ``transformers.activations.QuickGELUActivation()``
 silu       y * sigmoid(y)                                         ``torch.nn.SiLU()``
 sigmoid    1 / (1 + exp(-y))                                      ``torch.nn.Sigmoid()``
 tanh       tanh(y)                                                ``torch.nn.Tanh()``
@@ -47,6 +48,7 @@ ACTIVATION_NAMES: tuple[str, ...] = (
     "leaky_relu",
     "gelu",
     "gelu_tanh",
+    "quick_gelu",
     "silu",
     "sigmoid",
     "tanh",
@@ -56,6 +58,7 @@ ACTIVATION_NAMES: tuple[str, ...] = (
 _ALIASES = {"linear": "identity", "swish": "silu"}
 _DEFAULT_LEAKY_SLOPE = 0.01
 _GELU_TANH_C = math.sqrt(2.0 / math.pi)
+QUICK_GELU_SLOPE = 1.702  # quick_gelu(y) = y sigmoid(1.702 y) (Hendrycks & Gimpel 2016, Sec. 2; HF quick_gelu)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,11 @@ def _np_gelu_tanh(y):
     return y * special.expit(2.0 * u)  # 0.5 (1 + tanh u) = sigmoid(2u), accurate for u << 0
 
 
+def _np_quick_gelu(y):
+    y = np.asarray(y, dtype=np.float64)
+    return y * special.expit(QUICK_GELU_SLOPE * y)  # expit keeps relative accuracy for y << 0
+
+
 def _np_silu(y):
     y = np.asarray(y, dtype=np.float64)
     return y * special.expit(y)
@@ -157,6 +165,8 @@ def _torch_named(name: str, slope: float = _DEFAULT_LEAKY_SLOPE) -> Callable:
             return F.gelu(t)
         if name == "gelu_tanh":
             return F.gelu(t, approximate="tanh")
+        if name == "quick_gelu":
+            return t * torch.sigmoid(QUICK_GELU_SLOPE * t)  # the same expression as transformers' QuickGELU
         if name == "silu":
             return F.silu(t)
         if name == "sigmoid":
@@ -178,6 +188,7 @@ _NUMPY_FNS: dict[str, Callable] = {
     "relu": _np_relu,
     "gelu": _np_gelu,
     "gelu_tanh": _np_gelu_tanh,
+    "quick_gelu": _np_quick_gelu,
     "silu": _np_silu,
     "sigmoid": _np_sigmoid,
     "tanh": _np_tanh,
@@ -254,6 +265,10 @@ def _from_module(module) -> Activation:
         return _named("softplus")
     if isinstance(module, nn.ELU) and float(module.alpha) == 1.0:
         return _named("elu")
+    if type(module).__module__.startswith("transformers."):  # GELUActivation, NewGELUActivation, QuickGELU...
+        from mlpinterp.ffn.activation import module_activation
+
+        return module_activation(module)
     kinks = _module_kinks(module)
     # a float64 copy: parametric modules (PReLU) kept in float32 would reject float64 inputs
     import copy
@@ -387,8 +402,10 @@ def get_activation(act: str | Activation | Callable) -> Activation:
             map to the named activations; the other elementwise modules ``ELU``, ``CELU``, ``SELU``,
             ``Hardtanh``, ``ReLU6``, ``Threshold``, ``Hardshrink``, ``Softshrink``, ``Hardswish``,
             ``Hardsigmoid``, ``PReLU(num_parameters=1)``, ``Softplus``, ``Mish``, ``Softsign``, ``Tanhshrink``,
-            ``LogSigmoid`` are wrapped (float64 copy) with their kinks/jumps declared; any other module, e.g.
-            ``Softmax`` or ``LayerNorm``, is refused), or a callable mapping numpy float arrays elementwise
+            ``LogSigmoid`` are wrapped (float64 copy) with their kinks/jumps declared; Hugging Face activation
+            modules (``GELUActivation``, ``NewGELUActivation``, ``QuickGELUActivation``, ...) map to the named
+            activations after a numerical check (:func:`mlpinterp.ffn.activation.module_activation`); any other
+            module, e.g. ``Softmax`` or ``LayerNorm``, is refused), or a callable mapping numpy float arrays elementwise
             (wrapped; probed for elementwise behaviour; its ``torch_fn`` goes through numpy and is not
             differentiable; it has no declared kinks - build an :class:`Activation` yourself to declare them).
 

@@ -39,13 +39,9 @@ import math
 import numpy as np
 
 from mlpinterp.gaussian.activations import get_activation
-from mlpinterp.gaussian.univariate import (
-    _family,
-    _panel_rule,
-    _quiet,
-    gauss_second_moment,
-    hermite_coefficients,
-)
+from mlpinterp.gaussian.univariate import gauss_second_moment, hermite_coefficients
+from mlpinterp.gaussian.univariate.common import family, quiet
+from mlpinterp.gaussian.univariate.quadrature import panel_rule
 from mlpinterp.utils.validation import to_numpy
 
 __all__ = ["gauss_product_ev"]
@@ -123,7 +119,7 @@ def _inner_ev(act, m: np.ndarray, v: np.ndarray) -> np.ndarray:
     activations is ~1, their singularities lie >= ~1 away from the real axis) a 48-node Gauss-Hermite
     rule is accurate to ~1e-15; otherwise the full univariate quadrature (slow: ~1e3 nodes per value).
     """
-    if _family(act) in ("identity", "relu", "leaky_relu", "gelu"):
+    if family(act) in ("identity", "relu", "leaky_relu", "gelu"):
         return hermite_coefficients(act, m, v, 0)[:, 0]
     out = np.empty(m.shape)
     small = (v <= _V_GH) & (len(act.kinks) == 0)
@@ -155,7 +151,7 @@ def _conditional(act, mu1, s1, mu2, s2, rho, n_uniform, n_gl):
     centers.append((z2, d2))
     for c in act.kinks:
         breaks.append(np.where(has2, (c - mu2) / safe, z1))
-    z, w = _panel_rule(centers, breaks, n_uniform=n_uniform, n_gl=n_gl)
+    z, w = panel_rule(centers, breaks, n_uniform=n_uniform, n_gl=n_gl)
     y1 = mu1[:, None] + s1[:, None] * z
     m2 = mu2[:, None] + slope[:, None] * z
     vv = np.broadcast_to(v[:, None], m2.shape)
@@ -163,7 +159,7 @@ def _conditional(act, mu1, s1, mu2, s2, rho, n_uniform, n_gl):
     return np.sum(w * act.fn(y1) * g, axis=1)
 
 
-@_quiet
+@quiet
 def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool = False):
     """E[phi(Y1) phi(Y2)] for (Y1, Y2) bivariate normal, broadcast over all arguments.
 
@@ -190,7 +186,7 @@ def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool =
     act = get_activation(act)
     arrs, shape = _validate(mu1, sigma1, mu2, sigma2, rho)
     mu1, s1, mu2, s2, r = (arrs[k] for k in ("mu1", "sigma1", "mu2", "sigma2", "rho"))
-    if act.polynomial_degree == 1 and _family(act) == "identity":
+    if act.polynomial_degree == 1 and family(act) == "identity":
         # E[Y1 Y2] = mu1 mu2 + rho s1 s2 (exact)
         val = np.broadcast_to(mu1 * mu2 + r * s1 * s2, shape).astype(np.float64)
         return (val, np.zeros(shape)) if return_error else val

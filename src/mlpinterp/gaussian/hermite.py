@@ -2,30 +2,23 @@
 
 He_0 = 1, He_1 = z, He_{k+1}(z) = z He_k(z) - k He_{k-1}(z); they are orthogonal under N(0, 1) with
 E[He_j(Z) He_k(Z)] = k! [j == k] (Abramowitz & Stegun 22.2.15, 22.7.14). Rigg & Belrose (2025,
-arXiv 2502.01032, Sec. 3) expand each neuron's activation in this basis.
+arXiv 2502.01032, Sec. 3) expand each neuron's activation in this basis. Evaluation and the change of basis are
+numpy's :mod:`numpy.polynomial.hermite_e` (``hermevander``, ``herme2poly``); this module fixes the shapes
+(``[..., n + 1]``, scalars included) and validates the arguments.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+from numpy.polynomial import hermite_e
 
-from mlpinterp.utils.validation import to_numpy
+from mlpinterp.utils.validation import check_int, to_numpy
 
 __all__ = ["hermite_he", "hermite_to_monomial", "monomial_to_hermite"]
 
 
-def _check_degree(n, name: str = "n") -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"{name} must be a non-negative int, got {type(n).__name__} ({n!r})")
-    if n < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {n}")
-    return int(n)
-
-
 def hermite_he(n: int, z) -> np.ndarray:
-    """Evaluate He_0(z), ..., He_n(z) by the three-term recurrence (stable in the forward direction).
+    """Evaluate He_0(z), ..., He_n(z) (``numpy.polynomial.hermite_e.hermevander``: the forward three-term recurrence).
 
     Args:
         n: highest degree, ``n >= 0``.
@@ -38,33 +31,34 @@ def hermite_he(n: int, z) -> np.ndarray:
         TypeError: ``n`` not an int, ``z`` not numeric.
         ValueError: ``n < 0`` or ``z`` contains NaN / inf.
     """
-    return he_stack(_check_degree(n), to_numpy(z, "z"))
+    return he_stack(check_int(n, "n", 0, "a non-negative int"), to_numpy(z, "z"))
 
 
 def he_stack(n: int, z: np.ndarray) -> np.ndarray:
-    """``hermite_he`` without input validation (for internal callers): ``[..., n + 1]``, three-term recurrence."""
-    out = np.empty(np.shape(z) + (n + 1,), dtype=np.float64)
-    out[..., 0] = 1.0
-    if n >= 1:
-        out[..., 1] = z
-    for k in range(1, n):
-        out[..., k + 1] = z * out[..., k] - k * out[..., k - 1]
-    return out
+    """``hermite_he`` without input validation (for internal callers): ``[..., n + 1]``.
+
+    ``hermevander`` builds the degrees along a leading axis (contiguous slices) and returns a ``moveaxis`` view;
+    measured 1.9x (n = 3 on [1024, 512], einsum of RidgePolynomial.hidden included) to 3x (n = 8 on [200000])
+    faster than the former hand-written strided recurrence (1 thread, load ~6).
+    """
+    z = np.asarray(z, dtype=np.float64)
+    return hermite_e.hermevander(z, n).reshape(z.shape + (n + 1,))
 
 
 def hermite_to_monomial(n: int) -> np.ndarray:
     """Matrix ``H [n + 1, n + 1]`` with ``He_k(z) = sum_i H[k, i] z**i`` (lower triangular, integer entries).
 
-    Explicitly H[k, k - 2m] = (-1)^m k! / (m! (k - 2m)! 2^m) (A&S 22.3.11).
+    Row k is ``numpy.polynomial.hermite_e.herme2poly`` of the k-th unit vector; explicitly
+    H[k, k - 2m] = (-1)^m k! / (m! (k - 2m)! 2^m) (A&S 22.3.11).
 
     Raises:
         TypeError / ValueError: ``n`` not a non-negative int.
     """
-    n = _check_degree(n)
+    n = check_int(n, "n", 0, "a non-negative int")
     H = np.zeros((n + 1, n + 1))
-    for k in range(n + 1):
-        for m in range(k // 2 + 1):
-            H[k, k - 2 * m] = (-1) ** m * math.factorial(k) / (math.factorial(m) * math.factorial(k - 2 * m) * 2**m)
+    for k, row in enumerate(np.eye(n + 1)):
+        poly = hermite_e.herme2poly(row[: k + 1])
+        H[k, : poly.size] = poly
     return H
 
 

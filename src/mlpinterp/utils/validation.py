@@ -107,13 +107,17 @@ def check_batch_tensor(x, name: str, model=None):
     return x
 
 
-def check_int(v, name: str, minimum: int | None = 1) -> int:
-    """``v`` must be an int (not a bool, not a float) ``>= minimum``; raises ``TypeError``/``ValueError`` naming it."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+def check_int(v, name: str, minimum: int | None = 1, what: str | None = None) -> int:
+    """``v`` must be an int (not a bool, not a float; numpy integers accepted) ``>= minimum``; returns ``int(v)``.
+
+    Raises ``TypeError``/``ValueError`` naming it ("n must be an int, got float 2.0", "n must be >= 1, got 0");
+    ``what`` words the requirement in both messages instead, e.g. ``"a non-negative int"``.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be {what or 'an int'}, got {type(v).__name__} {v!r}")
     if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
+        raise ValueError(f"{name} must be {what or f'>= {minimum}'}, got {v}")
+    return int(v)
 
 
 def check_real(v, name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> float:

@@ -1,0 +1,251 @@
+"""Import the FFN block of a Hugging Face transformer as an exact float64 :class:`~mlpinterp.networks.MLP` / ``GLU``.
+
+``ffn_site(model, path)`` finds the block at ``path`` (the dotted module path as users write it, with or without
+the wrapper prefix: ``h.3.mlp`` and ``transformer.h.3.mlp`` on ``GPT2LMHeadModel``; ``encoder.layer.3`` and
+``bert.encoder.layer.3`` on a ``BertFor...`` model), recognises its naming convention
+(:data:`mlpinterp.ffn.layouts.LAYOUTS`), reads the weights, resolves and verifies the activation
+(:mod:`mlpinterp.ffn.activation`) and checks the imported network against the block itself
+(:func:`mlpinterp.ffn.layouts.check_forward`). Paths per family:
+
+========================= ======================================== ============================================
+family                    path                                     FFN f(x)
+========================= ======================================== ============================================
+BERT / RoBERTa / MiniLM   the layer ``encoder.layer.3``            ``output.dense(act(intermediate.dense(x)))``
+GPT-2                     ``h.3.mlp``                              ``c_proj(act(c_fc(x)))`` (Conv1D, transposed)
+GPT-NeoX / Pythia         ``layers.3.mlp``                         ``dense_4h_to_h(act(dense_h_to_4h(x)))``
+OPT                       the decoder layer ``decoder.layers.3``   ``fc2(activation_fn(fc1(x)))``
+GPT-J                     ``h.3.mlp``                              ``fc_out(act(fc_in(x)))``
+Llama / Mistral / Qwen2 / ``layers.3.mlp``                         ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+Gemma / Phi-3
+T5 (plain / gated)        ``encoder.block.0.layer.1.DenseReluDense``  ``wo(act(wi(x)))`` / ``wo(act(wi_0(x)) * wi_1(x))``
+                          (or the ``T5LayerFF`` ``...layer.1``)
+========================= ======================================== ============================================
+
+The FFN excludes what surrounds it: dropout, the residual add and LayerNorms (BERT's ``output.LayerNorm``, OPT's
+``final_layer_norm``, T5's ``layer_norm``). For BERT the path is the layer, not ``<layer>.intermediate`` (which is
+only the first half of the FFN: ``dense`` + activation): one path per block; ``<layer>.intermediate`` is refused
+with the layer's path in the message.
+
+Errors (``ValueError`` unless noted, each naming what was found): ``model`` not a ``torch.nn.Module``
+(``TypeError``); a path that does not exist (closest paths by ``difflib``); a module that is not an FFN block (an
+attention module, a part of a block, a block containing FFNs: what it is, and the model's FFN paths); an FFN-like
+module of unsupported structure (its children and the expected ones); meta-device or quantised weights; an
+unknown or unverifiable activation; a block whose forward disagrees with the imported network.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from mlpinterp.ffn.activation import resolve_activation
+from mlpinterp.ffn.layouts import ACT_ATTRS, LAYOUTS, Layout, _get, check_forward, find_act, match_layout, read_network
+from mlpinterp.networks import GLU, MLP
+
+__all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]
+
+_ATTENTION_NAMES = ("attn", "attention", "selfattention", "self_attn", "crossattention", "encdecattention")
+
+
+@dataclass(frozen=True)
+class FFNSite:
+    """An FFN block of a model: its exact float64 network and where its input and output live in the model.
+
+    The hook contract (paths relative to the model root, as ``model.get_submodule`` takes them):
+    ``x = args[0]`` of a forward pre-hook on ``input_module`` is the FFN input, ``[..., d_in]`` (the leading shape
+    is the model's: ``[batch, seq, d_in]``, or ``[batch * seq, d_in]`` in OPT, which flattens before its FFN), and
+    the output of ``output_module`` is exactly ``network(x)`` (``[..., d_out]``) before any dropout, residual add or
+    LayerNorm, so a forward hook on ``output_module`` that returns ``p(x)`` splices an approximant ``p`` in.
+    """
+
+    network: MLP | GLU
+    """The block as ``MLP`` (W1 = up, W2 = down) or ``GLU`` (W = gate, V = up, W2 = down), float64 numpy weights."""
+    path: str
+    """The path as the user gave it."""
+    family: str
+    """Naming convention recognised: bert, gpt2, gpt_neox, opt, gptj, t5, llama, t5-gated, mixtral, phi3."""
+    input_module: str
+    """Module whose forward input ``args[0]`` is the FFN input x (the block's first projection)."""
+    output_module: str
+    """Module whose output is the FFN output f(x) (the block's output projection)."""
+    activation_source: str
+    """Where the activation was read from, e.g. ``"config.activation_function='gelu_new' (NewGELUActivation module)"``."""
+
+    def __repr__(self) -> str:
+        n = self.network
+        return (f"FFNSite(path={self.path!r}, family={self.family!r}, network={type(n).__name__}(d_in={n.d_in}, "
+                f"d_hidden={n.d_hidden}, d_out={n.d_out}, activation={n.activation!r}), "
+                f"input_module={self.input_module!r}, output_module={self.output_module!r}, "
+                f"activation_source={self.activation_source!r})")
+
+
+def _check_model(model) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (e.g. a transformers PreTrainedModel), got {type(model).__name__}")
+    if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
+        q = getattr(getattr(model, "hf_quantizer", None), "quantization_config", None)
+        method = getattr(q, "quant_method", None) or type(q).__name__
+        raise ValueError(
+            f"model {type(model).__name__} is quantised (quantization method {method}); closed-form approximants need "
+            "the float weights: load it without quantization_config / load_in_8bit / load_in_4bit"
+        )
+
+
+def _candidates(model, path: str) -> list[str]:
+    """``path``, then with the wrapper prefix added (``transformer.`` on GPT2LMHeadModel) or removed (on GPT2Model)."""
+    import torch
+
+    out = [path]
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    if prefix:
+        if path.startswith(prefix + "."):
+            out.append(path[len(prefix) + 1 :])
+        elif isinstance(getattr(model, prefix, None), torch.nn.Module):
+            out.append(f"{prefix}.{path}")
+    return out
+
+
+def _summary(paths: list[str]) -> str:
+    if not paths:
+        return "none found"
+    if len(paths) <= 6:
+        return ", ".join(paths)
+    return f"{', '.join(paths[:3])}, ..., {', '.join(paths[-2:])} ({len(paths)} blocks)"
+
+
+def resolve_path(model, path: str):
+    """``(full path from the model root, module)`` for a user's ``path``; ``ValueError`` with the closest paths."""
+    import torch
+
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a dotted module path (str) such as 'h.3.mlp', got {type(path).__name__}")
+    if not path.strip():
+        raise ValueError("path must be a non-empty dotted module path such as 'h.3.mlp' (see ffn_paths(model))")
+    for cand in _candidates(model, path):
+        try:
+            mod = model.get_submodule(cand)
+        except AttributeError:
+            continue
+        if isinstance(mod, torch.nn.Module):
+            return cand, mod
+    names = [n for n, _ in model.named_modules() if n]
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    if prefix and not path.startswith(prefix + "."):  # suggest in the style the user wrote
+        names += [n[len(prefix) + 1 :] for n in names if n.startswith(prefix + ".")]
+    close = difflib.get_close_matches(path, names, n=3, cutoff=0.6)
+    hint = f"; closest module paths: {', '.join(close)}" if close else ""
+    raise ValueError(
+        f"path {path!r} does not exist in {type(model).__name__}{hint}; FFN blocks of this model: "
+        f"{_summary(ffn_paths(model))}"
+    )
+
+
+def ffn_paths(model) -> list[str]:
+    """Every FFN block path of ``model`` (from the model root) in module order, i.e. layer order (encoder first).
+
+    These are the paths :func:`ffn_site` accepts, one per block (T5 lists ``...DenseReluDense``, BERT the layer).
+    Raises ``TypeError`` if ``model`` is not a ``torch.nn.Module``.
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    out: list[str] = []
+    for name, mod in model.named_modules():  # pre-order: a block's children follow it
+        if not name or (out and name.startswith(out[-1] + ".")):
+            continue
+        if match_layout(mod) is not None:
+            out.append(name)
+    return out
+
+
+def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
+    cls = type(block).__name__
+    paths = ffn_paths(model)
+    tail = f"; FFN blocks of this {type(model).__name__}: {_summary(paths)}"
+    inside = [p for p in paths if full.startswith(p + ".")]
+    if inside:
+        return ValueError(f"{path!r} ({cls}) is part of the FFN block {inside[0]!r}; pass the block's path "
+                          f"{inside[0]!r} (its input and output are found from there){tail}")
+    last = full.rsplit(".", 1)[-1].lower()
+    if "attention" in cls.lower() or "attn" in cls.lower() or last in _ATTENTION_NAMES:
+        return ValueError(f"{path!r} is an attention module ({cls}), not an FFN block{tail}")
+    contains = [p for p in paths if p.startswith(full + ".")]
+    if contains:
+        return ValueError(f"{path!r} ({cls}) is not an FFN block but contains {len(contains)}: "
+                          f"{_summary(contains)}; pass one of those paths")
+    children = [n for n, _ in block.named_children()]
+    no_act = match_layout(block, need_act=False)
+    if no_act is not None:
+        return ValueError(f"{path!r} ({cls}) has the projections of a {no_act.family} FFN "
+                          f"({', '.join(no_act.projections)}) but no activation: looked for attributes "
+                          f"{', '.join(dict.fromkeys((no_act.act, *ACT_ATTRS)))}; children found: {children}")
+    partial = [lay for lay in LAYOUTS if any(_get(block, p) is not None for p in lay.projections)]
+    if partial:
+        expected = "; ".join(lay.describe() for lay in LAYOUTS)
+        return ValueError(f"{path!r} ({cls}) looks like an FFN block but its structure is not supported: found "
+                          f"children {children}; expected one of: {expected}{tail}")
+    return ValueError(f"{path!r} ({cls}, children {children}) is not an FFN block{tail}")
+
+
+def _config_activation(model, block, layout: Layout):
+    """``(config key, value)`` of the activation entry the family reads, from the block's or the model's config."""
+    configs = [getattr(block, "config", None), getattr(model, "config", None)]
+    text = getattr(configs[1], "get_text_config", None)
+    if callable(text):
+        configs.append(text())
+    for cfg in configs:
+        for key in layout.config_keys if cfg is not None else ():
+            value = getattr(cfg, key, None)
+            if value is not None:
+                return key, value
+    return None, None
+
+
+def ffn_site(model, path: str) -> FFNSite:
+    """The FFN block at ``path`` in ``model`` as an :class:`FFNSite` (network, family, hook modules, activation source).
+
+    Args:
+        model: a ``transformers`` model (any ``torch.nn.Module`` whose FFN blocks follow a known layout), in any
+            floating dtype and on any device; the returned weights are float64 numpy copies.
+        path: the block's dotted path as users write it, with or without the wrapper prefix (module docstring).
+
+    Returns:
+        :class:`FFNSite`; ``site.network(x)`` equals the block on ``x [n, d_in]`` to float64 rounding (checked
+        on import).
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module`` or ``path`` not a string.
+        ValueError: see the module docstring (missing path, not an FFN block, unsupported structure, meta-device or
+            quantised weights, unknown activation, forward mismatch).
+    """
+    _check_model(model)
+    full, block = resolve_path(model, path)
+    if match_layout(block) is None and type(block).__name__ == "T5LayerFF" and hasattr(block, "DenseReluDense"):
+        full, block = f"{full}.DenseReluDense", block.DenseReluDense  # T5's FF layer = LayerNorm + this + dropout
+    layout = match_layout(block)
+    if layout is None:
+        raise _not_an_ffn(model, path, full, block)
+    if any(p.is_meta for p in block.parameters()):
+        raise ValueError(
+            f"{full} has its weights on the meta device (the model was created without loading them, e.g. under "
+            "torch.device('meta') / init_empty_weights(), or offloaded by device_map); load the weights first"
+        )
+    _, act_obj = find_act(block, layout)
+    key, value = _config_activation(model, block, layout)
+    activation, source = resolve_activation(act_obj, value, key, where=full)
+    network = read_network(block, layout, activation, where=full)
+    check_forward(block, layout, network, where=full)
+    return FFNSite(network, path, layout.family, f"{full}.{layout.projections[0]}", f"{full}.{layout.down}", source)
+
+
+def from_hf(model, path: str) -> MLP | GLU:
+    """The FFN block at ``path`` as a float64 ``MLP`` / ``GLU``: ``ffn_site(model, path).network``.
+
+    Example: ``mlpinterp.from_hf(GPT2LMHeadModel.from_pretrained("gpt2"), "h.3.mlp")`` -> ``MLP`` with
+    ``W1 [3072, 768]`` (``c_fc`` transposed), activation ``gelu_tanh`` (``gelu_new``). See :func:`ffn_site` for
+    paths and errors.
+    """
+    return ffn_site(model, path).network
