@@ -60,6 +60,8 @@ def test_synthetic_report_is_honest_about_a_tiny_quick_run(tmp_path):
     assert "(n = 1)" in report and "±" not in report.split("## Verdict")[0].split("per-seed values")[1]
     assert "quick run: not a reproduction" in report and "cubed_relative_deviation" in report
     assert "## SAEBench core metrics" in report and "explained_variance" in report
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<img") == 1 and 'src="data:image/png;base64,' in html  # the figure, embedded
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["run_kind"] == "quick"
     core = m["runs"][0]["saebench_core"][0]

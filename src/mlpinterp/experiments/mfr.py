@@ -16,8 +16,8 @@ the embedded stand-in, so only the direction of the effect is comparable.
 Every trained SAE also gets SAEBench's core metrics (:mod:`mlpinterp.sae.core_metrics`; on MiniLM with the
 sentence-embedding cosine, on causal LMs with the KL-divergence and CE-loss scores) under ``saebench_core``.
 
-Outputs in ``out``: ``metrics.json``, ``report.md`` (+ ``report.html`` through the shared report module once it
-is on main), PNG figures, and one directory of SAEs per run.
+Outputs in ``out``: ``metrics.json``, ``report.md`` and the self-contained ``report.html`` (every figure embedded,
+through the shared :mod:`mlpinterp.experiments.report`), PNG figures, and one directory of SAEs per run.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlpinterp.experiments.report import figure, write_report
 from mlpinterp.sae.analysis import cross_truth_correlation, mmcs_to_truth, shared_false_cluster
 from mlpinterp.sae.core_metrics import CORE_KEYS, core_metrics
 from mlpinterp.sae.metrics import firing_counts, mmcs
@@ -358,17 +359,6 @@ def _core_summary(results: list[dict]) -> dict:
     return out
 
 
-def write_report(out: Path, text: str, title: str) -> None:
-    """``report.md`` (figures linked relative to ``out``), plus ``report.html`` with every figure embedded through
-    the shared :mod:`mlpinterp.experiments.report` once that module is on this branch."""
-    try:
-        from mlpinterp.experiments.report import write_report as shared_write_report
-    except ImportError:  # until the shared report module lands on main: Markdown + PNG figures only
-        atomic_write_bytes(out / "report.md", (text.rstrip("\n") + "\n").encode())
-        return
-    shared_write_report(out, text, title=title)
-
-
 def _cell(v) -> str:
     return "—" if v is None or not np.isfinite(v) else f"{v:.4g}"
 
@@ -400,7 +390,7 @@ def _report(out: Path, metrics: dict) -> None:
             c = r["shared_false"]
             lines.append(f"| {r['k']} | {r['condition']} | {r['seed']} | {c['count']} | {c['fraction']:.4f} | "
                          f"{_cell(c['rate_in_cluster'])} | {_cell(c['rate_outside'])} |")
-        lines += ["", "![summary](synthetic_summary.png)"]
+        lines += ["", figure("synthetic_summary.png", "MMCS to truth, held-out FVU and corr(cross, truth) per k")]
     else:
         down = ["loss_recovered"] if metrics["setting"] != "minilm" else ["cosine_recovered", "mse_recovered"]
         lines += ["| k | condition | held-out FVU | L0 | dead fraction | " + " | ".join(d.replace("_", " ") for d in down)
@@ -414,7 +404,7 @@ def _report(out: Path, metrics: dict) -> None:
                       "statistic is the relative change of the reconstruction loss), per k: "
                       + ", ".join(f"k={k}: {v:+.2f} %" for k, v in imp.items())]
         lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).", "",
-                  "![summary](minilm_summary.png)"]
+                  figure("minilm_summary.png", "held-out FVU, downstream recovery and dead fraction per k")]
     lines += ["", "## Verdict against the baseline", "",
               "Paired per seed (same data and initial seeds); better / worse = beyond 2 standard errors over "
               ">= 2 seeds.", "", "| k | condition | verdict | why |", "|---|---|---|---|"]
@@ -436,7 +426,7 @@ def _report(out: Path, metrics: dict) -> None:
             for k, e in sorted(per_k.items(), key=lambda kv: int(kv[0])):
                 lines.append(f"| {k} | {cond} | " + " | ".join(_cell(e.get(c)) for c in cols) + " |")
     lines += ["", f"Total time: {metrics['seconds']:.0f} s."]
-    write_report(out, "\n".join(lines), title=f"MFR reproduction: {metrics['setting']}")
+    write_report(out, "\n".join(lines), title=f"MFR reproduction: {metrics['setting']}")  # report.md + report.html
 
 
 def _reinits(runs: list[dict], cond: str, k: int) -> str:
