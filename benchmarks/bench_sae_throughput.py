@@ -4,15 +4,9 @@ Setting of issue 6: d_in 384, d_sae 3072, k 32, batch 4096, Adam, unit-norm deco
 default (``--threads``). Every implementation trains on the same random batches for the same number of
 steps in the same run; ratios are ours / theirs.
 
-SAELens and sparsify live in their own virtual environment (``--other-python``, default
-``/tmp/benchvenv/bin/python``), created with::
-
-    python3 -m venv /tmp/benchvenv
-    echo /path/to/repo/.venv/lib/python3.11/site-packages > /tmp/benchvenv/lib/python3.11/site-packages/zz.pth
-    /tmp/benchvenv/bin/pip install eai-sparsify sae-lens
-
-(the ``.pth`` line reuses this project's torch 2.13 CPU wheel instead of downloading another one). When that
-interpreter or a package is missing, the comparison is skipped and the reason printed.
+SAELens and sparsify run in a subprocess of ``--other-python`` (default: this interpreter, which has them after
+``make install``, i.e. the ``interop`` extra: sae-lens 6.54.12, eai-sparsify 1.3.3 on this project's CPU torch).
+When that interpreter or a package is missing, the comparison is skipped and the reason printed.
 
 Usage: ``python benchmarks/bench_sae_throughput.py [--steps 5] [--threads 1]``
 """
@@ -146,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--other-python", default="/tmp/benchvenv/bin/python")
+    ap.add_argument("--other-python", default=sys.executable)
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))

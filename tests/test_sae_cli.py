@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from mlpinterp.cli.main import app
 from mlpinterp.cli.sae import _k_values
 from mlpinterp.sae.topk import TopKSae
+from tests import cli_utils
 
 runner = CliRunner()
 
@@ -47,7 +48,8 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
     # a different setting in the same directory is refused instead of silently mixing runs
     other = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--steps", "5", "--quick",
                                 "--quiet", "--out", str(tmp_path)])
-    assert other.exit_code != 0 and "different settings (steps)" in str(other.exception)
+    assert other.exit_code == 1 and "different settings (steps)" in other.output
+    assert "Traceback" not in other.output
 
 
 def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights(tmp_path):
@@ -59,7 +61,7 @@ def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights(tmp_path):
     with pytest.raises(ValueError, match="extra_alphas"):
         conditions(("mfr",), None, (-1.0,))
     res = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--extra-alpha", "nan", "--out", str(tmp_path / "o")])
-    assert res.exit_code != 0 and "extra_alphas" in str(res.exception)
+    assert res.exit_code == 1 and "Error: extra_alphas" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "o").exists()  # rejected before anything is written
 
 
@@ -77,7 +79,38 @@ def test_sae_train_on_minilm_tiny(tmp_path):
     assert res.exit_code == 0, res.output
     sae = TopKSae.load(tmp_path / "sae_0")
     assert sae.d_in == 384 and sae.cfg.d_sae == 64
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    core = metrics["saebench_core"][0]
+    assert metrics["hook_point"] == "encoder.layer.0.output.dense" and core["sae"] == "sae_0"
+    assert {"explained_variance", "mse", "cossim"} <= set(core["reconstruction_quality"])
+    assert {"embedding_cossim_score", "embedding_cossim_with_sae"} <= set(core["embedding_preservation"])
     bad = runner.invoke(app, ["sae", "train", "--hook-point", "encoder.layer.0.nope", "--steps", "1",
                               "--out", str(tmp_path / "bad")])
-    assert bad.exit_code != 0
-    assert "hook_point 'encoder.layer.0.nope' is not a submodule" in str(bad.exception)
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    assert "hook_point 'encoder.layer.0.nope' is not a submodule" in cli_utils.flat(bad.output)
+    # issue 11 item 1: resuming into the same OUT at another hook point is refused, with the override named
+    other = runner.invoke(app, ["sae", "train", "--model", "minilm", "--hook-point", "encoder.layer.1.output.dense",
+                                "--k", "4", "--d-sae", "64", "--steps", "4", "--batch-size", "64", "--ctx-len", "16",
+                                "--max-chunks", "24", "--eval-chunks", "0", "--quiet", "--out", str(tmp_path)])
+    text = cli_utils.flat(other.output)
+    assert other.exit_code == 1 and "Traceback" not in other.output
+    assert "trained on hook point 'encoder.layer.0.output.dense', not 'encoder.layer.1.output.dense'" in text
+    assert "--allow-hook-mismatch" in text
+    assert TopKSae.load(tmp_path / "sae_0").hook_point == "encoder.layer.0.output.dense"  # untouched
+    # sae eval: at its own hook point by default; another one is refused; a corrupt file is a message
+    ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "sae_0"), "--eval-chunks", "2", "--ctx-len", "16",
+                             "--out", str(tmp_path / "eval.json")])
+    assert ev.exit_code == 0, ev.output
+    assert json.loads((tmp_path / "eval.json").read_text())["hook_point"] == "encoder.layer.0.output.dense"
+    ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "sae_0"), "--hook-point", "encoder.layer.3.output",
+                             "--eval-chunks", "2", "--ctx-len", "16"])
+    assert ev.exit_code == 1 and "not 'encoder.layer.3.output'" in cli_utils.flat(ev.output)
+    f = tmp_path / "sae_0" / "sae.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x10
+    f.write_bytes(bytes(data))
+    ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "sae_0")])
+    assert ev.exit_code == 1 and "Traceback" not in ev.output
+    assert "do not match cfg.json's weights_sha256" in cli_utils.flat(ev.output)
+    ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "nowhere")])
+    assert ev.exit_code == 1 and "cfg.json' does not exist" in cli_utils.flat(ev.output)

@@ -20,8 +20,10 @@ STEPS = 6
 
 def _cfg() -> MfrConfig:
     # reinit with a tiny window and a low threshold so that re-initialisations happen during the run
+    # input normalisation on: the scale is estimated from the global batch (all-reduced in ddp mode)
     return MfrConfig(sae=SaeConfig(d_sae=24, k=3, tied=False), n_saes=2, lr=1e-2, warmup_steps=2,
-                     inactivity_window=2, inactivity_threshold=0.3, dead_after_samples=32, seed=0)
+                     inactivity_window=2, inactivity_threshold=0.2, dead_after_samples=32, seed=0,
+                     normalize_activations="expected_average_only_in")
 
 
 def _data() -> SyntheticData:
@@ -32,10 +34,11 @@ def _run(mode: str) -> dict:
     torch.set_num_threads(1)
     tr = MfrTrainer(10, _cfg(), Distributed(mode), dtype=torch.float64)
     data = _data()
+    tr.estimate_input_scale([tr.dist.local_batch(data.batch(i, 32).x.double()) for i in range(2)])
     for i in range(STEPS):
         tr.train_step(tr.dist.local_batch(data.batch(i, 32).x.double()))
     return {"recon": [h["recon"] for h in tr.history], "auxk": [h["auxk"] for h in tr.history],
-            "l0": [h["l0"] for h in tr.history],
+            "l0": [h["l0"] for h in tr.history], "scale": [tr.input_scale],
             "penalty": [h["penalty"] for h in tr.history], "reinit": tr.reinit_events,
             "w": {i: s.W_dec.detach().tolist() for i, s in zip(tr.owned, tr.saes, strict=True)}}
 
@@ -67,7 +70,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     for mode in ("ddp", "ensemble"):
         for r in range(2):
             got = ranks[r][mode]
-            for key in ("recon", "auxk", "penalty", "l0"):
+            for key in ("recon", "auxk", "penalty", "l0", "scale"):
                 np.testing.assert_allclose(got[key], single[key], rtol=1e-9, atol=1e-12, err_msg=f"{mode} {key}")
             assert got["reinit"] == [e for e in single["reinit"] if mode == "ddp" or e["sae"] % 2 == r]
     # parameters agree too: ddp holds both SAEs on each rank, ensemble one per rank

@@ -36,6 +36,7 @@ def test_minilm_experiment_tiny(tmp_path, text_dir):
     assert "cosine recovered" in (tmp_path / "out" / "report.md").read_text()
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["setting"] == "minilm"
     assert (tmp_path / "out" / "minilm_summary.png").exists()
+    assert 'src="data:image/png;base64,' in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_local_gpt2_checkpoint_by_path(tmp_path, text_dir):

@@ -3,16 +3,55 @@
 * ``mlpinterp reproduce mfr --setting synthetic|minilm --k 6 12 18 24 30 --seeds N --out DIR [--quick] [--quiet]``
 * ``mlpinterp sae train --model minilm --hook-point encoder.layer.3.output --k 32 --d-sae 3072 --out DIR``
   (one TopK SAE, or ``--n-saes N --mfr`` for MFR; ``torchrun ... --distributed ddp|ensemble`` for several
-  processes).
+  processes); writes SAEBench core metrics of every SAE on held-out text to ``OUT/metrics.json``.
+* ``mlpinterp sae eval SAE_DIR [--model M] [--hook-point H]``: SAEBench core metrics of a saved SAE (ours,
+  sparsify's or SAELens's) at the hook point it records.
+
+Expected failures (bad path, corrupt or mismatched file, resume conflict) print ``Error: ...`` and exit 1,
+without a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
 _MULTI = {"allow_extra_args": True, "ignore_unknown_options": False}
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``Error: message`` to stderr and return the ``typer.Exit(1)`` to raise (no traceback)."""
+    typer.secho(f"Error: {message}", err=True, fg="red")
+    return typer.Exit(code=1)
+
+
+@contextlib.contextmanager
+def expected_errors() -> Iterator[None]:
+    """Turn the library's precise ``ValueError`` / ``OSError`` (missing file, corrupt or mismatched artefact,
+    resume conflict) into a one-line CLI error without a traceback."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        raise fail(str(e)) from None
+
+
+def _eval_texts(text_dir: Path | None) -> tuple[list[str], list[str], list[str]]:
+    """(training texts, held-out texts, held-out file names): files with 'test' in the name are held out."""
+    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts
+
+    d = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
+    if not d.is_dir():
+        raise FileNotFoundError(f"--text-dir {str(d)!r} is not a directory")
+    files = sorted(d.glob("*.txt"))
+    if not files:
+        raise ValueError(f"--text-dir {str(d)!r} holds no *.txt files")
+    held = [f for f in files if "test" in f.name] or files[-1:]
+    train = [f for f in files if f not in held] or files
+    return read_texts(train), read_texts(held), [f.name for f in held]
 
 
 def _k_values(k: list[str], extra: list[str]) -> tuple[int, ...]:
@@ -57,8 +96,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
                                                 "mfr_alpha<a>; repeat for several; a negative value: none."),
         threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads (1 is fastest on a shared CPU)."),
+        inactivity_threshold: float = typer.Option(-1.0, help="Re-initialise an SAE whose inactivity measure exceeds "
+                                                   "this (negative: the setting's default, 0.5 synthetic, 50 minilm)."),
     ) -> None:
-        """Reproduce Marks et al. 2024 (MFR): figures, metrics.json and report.md in OUT."""
+        """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
         import torch
 
         from mlpinterp.experiments import mfr as exp_mod
@@ -67,20 +108,26 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         ks = _k_values(k, ctx.args)
         kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
               "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
-              **({"steps": steps} if steps else {})}
+              **({"steps": steps} if steps else {}),
+              **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
+        with expected_errors():
+            metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out)
+        typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
+
+    def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str,
+                 out: Path) -> dict:
+        """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
         if setting == "synthetic":
             exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
-            metrics = exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
-        elif setting in ("minilm", "gpt2"):
+            return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
+        if setting in ("minilm", "gpt2"):
             if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
                 kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
             elif hook_point:
                 kw["hook_point"] = hook_point
             exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
-            metrics = exp_mod.run_minilm(out, exp, quiet=quiet, device=device)
-        else:
-            raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm' or 'gpt2', got {setting!r}")
-        typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
+            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device)
+        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm' or 'gpt2', got {setting!r}")
 
     @sae_app.command("train")
     def train(
@@ -91,11 +138,18 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         tied: bool = typer.Option(False, help="Tie the decoder to the encoder."),
         n_saes: int = typer.Option(1, min=1, help="SAEs trained in parallel."),
         mfr: bool = typer.Option(False, help="MFR penalty and re-initialisation (needs --n-saes >= 2)."),
-        steps: int = typer.Option(1000, min=1, help="Optimisation steps."),
+        steps: int = typer.Option(1000, min=1, help="Optimisation steps (re-run with more to extend a run)."),
         batch_size: int = typer.Option(4096, min=1, help="Activations per step (global)."),
         ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
         max_chunks: int = typer.Option(0, min=0, help="Use at most this many text chunks (0: all)."),
-        text_dir: Path = typer.Option(None, help="Directory of *.txt files (default: bundled corpora)."),
+        text_dir: Path = typer.Option(None, help="Directory of *.txt files (default: bundled corpora); files with "
+                                      "'test' in the name are held out for the metrics."),
+        eval_chunks: int = typer.Option(32, min=0, help="Held-out chunks for SAEBench core metrics (0: none)."),
+        normalize_activations: str = typer.Option("none", help="none | expected_average_only_in (scale inputs "
+                                                  "so E||x|| = sqrt(d_in); metrics stay in original units)."),
+        autocast: str = typer.Option("none", help="none | bf16: torch.autocast bfloat16 for training."),
+        allow_hook_mismatch: bool = typer.Option(False, help="Resume a checkpoint of another hook point/model "
+                                                 "anyway (warns)."),
         cache: bool = typer.Option(False, help="Cache activations to OUT/activation_cache."),
         out: Path = typer.Option(Path("runs/sae"), help="Output directory (sae_{i}/sae.safetensors + cfg.json)."),
         seed: int = typer.Option(0, help="Seed."),
@@ -105,33 +159,97 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)."),
     ) -> None:
         """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT; resumes from OUT."""
-        if threads:
-            import torch
+        import torch
 
+        if threads:
             torch.set_num_threads(threads)
-        from mlpinterp.lm.models import load_model
-        from mlpinterp.lm.text import read_texts
+        if autocast not in ("none", "bf16"):
+            raise typer.BadParameter(f"--autocast must be 'none' or 'bf16', got {autocast!r}")
+        from mlpinterp.lm.models import canonical_model_name, load_model
         from mlpinterp.sae.activations import ActivationConfig, ActivationSource
         from mlpinterp.sae.mfr import MfrConfig, MfrTrainer, init_distributed
         from mlpinterp.sae.topk import SaeConfig
 
-        dcfg = init_distributed(distributed)  # type: ignore[arg-type]
-        net, tok = load_model(model)
-        texts = read_texts(text_dir) if text_dir is not None else None
-        # ddp: every rank reads its own shard of the text and contributes batch_size / world activations
-        ddp = dcfg.mode == "ddp"
-        if ddp and batch_size % dcfg.world:
-            raise typer.BadParameter(f"--batch-size {batch_size} must be divisible by the world size {dcfg.world}")
-        acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len,
-                                batch_size=batch_size // dcfg.world if ddp else batch_size,
-                                max_chunks=max_chunks or None, seed=seed,
-                                rank=dcfg.rank if ddp else 0, world=dcfg.world if ddp else 1)
-        cache_dir = out / (f"activation_cache_rank{acfg.rank}" if ddp else "activation_cache") if cache else None
-        src = ActivationSource(net, tok, acfg, texts=texts, cache_dir=cache_dir)
-        cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=k, tied=tied), n_saes=n_saes, penalty=mfr, reinit=mfr,
-                        seed=seed)
-        trainer = MfrTrainer(src.d_in, cfg, dcfg, device=device)
-        trainer.load_checkpoint(out)
-        trainer.fit(iter(src), steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
-        last = trainer.history[-1] if trainer.history else {}
-        typer.echo(f"saved {len(trainer.saes)} SAE(s) under {out}; last reconstruction loss {last.get('recon')}")
+        with expected_errors():
+            try:
+                cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=k, tied=tied), n_saes=n_saes, penalty=mfr, reinit=mfr,
+                                seed=seed, normalize_activations=normalize_activations)  # type: ignore[arg-type]
+            except (TypeError, ValueError) as e:
+                raise typer.BadParameter(str(e)) from e
+            dcfg = init_distributed(distributed)  # type: ignore[arg-type]
+            net, tok = load_model(model)
+            train_texts, held_texts, held_files = _eval_texts(text_dir)
+            # ddp: every rank reads its own shard of the text and contributes batch_size / world activations
+            ddp = dcfg.mode == "ddp"
+            if ddp and batch_size % dcfg.world:
+                raise typer.BadParameter(f"--batch-size {batch_size} must be divisible by the world size {dcfg.world}")
+            acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len,
+                                    batch_size=batch_size // dcfg.world if ddp else batch_size,
+                                    max_chunks=max_chunks or None, seed=seed,
+                                    rank=dcfg.rank if ddp else 0, world=dcfg.world if ddp else 1)
+            cache_dir = out / (f"activation_cache_rank{acfg.rank}" if ddp else "activation_cache") if cache else None
+            src = ActivationSource(net, tok, acfg, texts=train_texts, cache_dir=cache_dir)
+            trainer = MfrTrainer(src.d_in, cfg, dcfg, device=device, model_name=canonical_model_name(model),
+                                 hook_point=hook_point)
+            trainer.load_checkpoint(out, allow_mismatch=allow_hook_mismatch, override="--allow-hook-mismatch")
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+                trainer.fit(iter(src), steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
+            last = trainer.history[-1] if trainer.history else {}
+            typer.echo(f"saved {len(trainer.saes)} SAE(s) under {out}; last reconstruction loss {last.get('recon')}")
+            if eval_chunks and dcfg.rank == 0:
+                from mlpinterp.lm.text import token_chunks
+                from mlpinterp.sae.evaluate import evaluate_sae
+
+                ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
+                results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
+                                                              special_ids=tok.all_special_ids)}
+                           for i, sae in zip(trainer.owned, trainer.saes, strict=True)]
+                from mlpinterp.utils.io import atomic_write_json
+
+                atomic_write_json(out / "metrics.json", {
+                    "model_name": trainer.model_name, "hook_point": hook_point, "steps": trainer.step,
+                    "input_scale": trainer.input_scale, "eval": {"files": held_files, "chunks": int(ids.shape[0]),
+                                                                 "ctx_len": ctx_len}, "saebench_core": results})
+                ev = [r["reconstruction_quality"]["explained_variance"] for r in results]
+                typer.echo(f"SAEBench core metrics of {len(results)} SAE(s) on {int(ids.shape[0])} held-out chunks "
+                           f"-> {out / 'metrics.json'} (explained variance {', '.join(f'{v:.3f}' for v in ev)})")
+
+    @sae_app.command("eval")
+    def evaluate(
+        sae_dir: Path = typer.Argument(..., help="Directory holding cfg.json + the .safetensors (ours, sparsify's "
+                                       "or SAELens's)."),
+        model: str = typer.Option("", help="Model (default: the one the SAE records; 'minilm' or a local path)."),
+        hook_point: str = typer.Option("", help="Hook point (default: the one the SAE records)."),
+        allow_hook_mismatch: bool = typer.Option(False, help="Evaluate at another hook point/model than the SAE "
+                                                 "records anyway (warns)."),
+        eval_chunks: int = typer.Option(32, min=1, help="Held-out text chunks."),
+        ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
+        text_dir: Path = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are used."),
+        out: Path = typer.Option(None, help="Write the metrics to this JSON file (default: print them)."),
+    ) -> None:
+        """SAEBench core metrics of a saved SAE at its hook point (KL / CE scores for causal LMs)."""
+        from mlpinterp.lm.models import canonical_model_name, load_model
+        from mlpinterp.lm.text import token_chunks
+        from mlpinterp.sae.evaluate import evaluate_sae
+        from mlpinterp.sae.topk import TopKSae
+
+        with expected_errors():
+            sae = TopKSae.load(sae_dir)
+            name = model or sae.model_name
+            if not name:
+                raise fail(f"{str(sae_dir)!r} records no model: pass --model")
+            net, tok = load_model(name)
+            _, held_texts, held_files = _eval_texts(text_dir)
+            ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
+            res = evaluate_sae(sae.eval(), net, ids, hook_point=hook_point or None,
+                               model_name=canonical_model_name(name), allow_mismatch=allow_hook_mismatch,
+                               special_ids=tok.all_special_ids)
+        res = {"sae": str(sae_dir), "hook_point": hook_point or sae.hook_point, "eval_files": held_files, **res}
+        text = json.dumps(res, indent=2)
+        if out is not None:
+            from mlpinterp.utils.io import atomic_write_json
+
+            atomic_write_json(out, res)
+            typer.echo(f"wrote {out}")
+        else:
+            typer.echo(text)

@@ -13,7 +13,11 @@ the bundled text; baseline vs MFR per ``k``: FVU, L0, dead fraction and sentence
 The paper's real-model experiment is on GPT-2 Small (reconstruction improved by up to 21.21 %); MiniLM is
 the embedded stand-in, so only the direction of the effect is comparable.
 
-Outputs in ``out``: ``metrics.json``, ``report.md``, PNG figures, and one directory of SAEs per run.
+Every trained SAE also gets SAEBench's core metrics (:mod:`mlpinterp.sae.core_metrics`; on MiniLM with the
+sentence-embedding cosine, on causal LMs with the KL-divergence and CE-loss scores) under ``saebench_core``.
+
+Outputs in ``out``: ``metrics.json``, ``report.md`` and the self-contained ``report.html`` (every figure embedded,
+through the shared :mod:`mlpinterp.experiments.report`), PNG figures, and one directory of SAEs per run.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlpinterp.experiments.report import figure, write_report
 from mlpinterp.sae.analysis import cross_truth_correlation, mmcs_to_truth, shared_false_cluster
+from mlpinterp.sae.core_metrics import CORE_KEYS, core_metrics
 from mlpinterp.sae.metrics import firing_counts, mmcs
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
@@ -170,12 +176,15 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
                     "would_reinit": any(c["measure"] > exp.inactivity_threshold and c["step"] <= cfg.reinit_until
                                         for c in trainer.checks),
                     "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan")),
+                    "inactivity_threshold": exp.inactivity_threshold,
+                    "saebench_core": [core_metrics(sae, held) for sae in trainer.saes],
                 }
                 atomic_write_json(done, res)
                 results.append(res)
     summary = _summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
-    metrics = {"setting": "synthetic", "experiment": asdict(exp), "paper": PAPER, "runs": results,
-               "summary": summary, "seconds": time.time() - t_start}
+    metrics = {"setting": "synthetic", "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
+               "runs": results, "summary": summary, "verdicts": _verdicts(results, "mmcs_truth", _run_kind(exp)),
+               "saebench_core": _core_summary(results), "seconds": time.time() - t_start}
     atomic_write_json(out / "metrics.json", metrics)
     _figures_synthetic(out, exp, results)
     _report(out, metrics)
@@ -234,6 +243,13 @@ def _savefig(fig, path: Path) -> None:
 _COLORS = {"baseline": "C0", "reinit": "C3", "mfr": "C1", "mfr_alpha0.1": "C2"}
 
 
+def _integer_k_axis(ax, ks: list[int]) -> None:
+    """Ticks at the k values only; a single k gets a window of +-3 around it (not a 0.6-wide stretched axis)."""
+    ax.set_xticks(ks)
+    if len(ks) == 1:
+        ax.set_xlim(ks[0] - 3, ks[0] + 3)
+
+
 def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) -> None:
     import matplotlib
 
@@ -242,6 +258,7 @@ def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict])
 
     summary = _summarise(results, ["mmcs_truth", "fvu", "correlation"])
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    all_ks = sorted({int(k) for cond in summary for k in summary[cond]})
     for ax, key, label in zip(axes, ["mmcs_truth", "fvu", "correlation"],
                               ["MMCS to true features (Hungarian)", "held-out FVU",
                                "corr(cross-SAE sim., truth sim.)"], strict=True):
@@ -256,6 +273,7 @@ def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict])
             ax.axhline(PAPER["synthetic_correlation_baseline"], ls=":", c=_COLORS["baseline"], lw=1,
                        label="paper baseline")
             ax.axhline(PAPER["synthetic_correlation_reinit"], ls=":", c=_COLORS["reinit"], lw=1, label="paper reinit")
+        _integer_k_axis(ax, all_ks)
         ax.set_xlabel("k (= active features per sample)")
         ax.set_title(label)
         ax.legend(fontsize=8)
@@ -263,27 +281,116 @@ def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict])
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- statistics, verdicts, report
+def _run_kind(exp) -> str:
+    """``"full"`` when every budget field has the setting's default, else ``"quick"`` (no verdicts from it)."""
+    full = type(exp)()
+    budget = ("steps", "batch_size", "d_sae", "eval_samples", "train_chunks", "eval_chunks", "ctx_len")
+    return "full" if all(getattr(exp, f) == getattr(full, f) for f in budget if hasattr(exp, f)) else "quick"
+
+
+def _paired(results: list[dict], cond: str, k: int, key: str) -> np.ndarray:
+    """Per-seed differences ``cond - baseline`` of the SAE-mean of ``key`` (relative, in %, for FVU)."""
+    base = {r["seed"]: _value(r, key) for r in results if r["condition"] == "baseline" and r["k"] == k}
+    out = []
+    for r in results:
+        if r["condition"] == cond and r["k"] == k and r["seed"] in base and key in r:
+            b, v = base[r["seed"]], _value(r, key)
+            out.append(100 * (v - b) / b if key == "fvu" else v - b)
+    return np.array(out, dtype=np.float64)
+
+
+def _verdicts(results: list[dict], primary: str, run_kind: str) -> list[dict]:
+    """One verdict per (condition != baseline, k): ``better than baseline`` / ``worse than baseline`` (the paired
+    difference of ``primary`` beyond 2 standard errors over >= 2 seeds), ``no clear difference``, ``one seed: no
+    verdict`` or ``quick run: not a reproduction``, with the one-line reason."""
+    higher_is_better = primary != "fvu"
+    out = []
+    for cond in dict.fromkeys(r["condition"] for r in results):
+        if cond == "baseline":
+            continue
+        for k in sorted({r["k"] for r in results if r["condition"] == cond}):
+            d = _paired(results, cond, k, primary)
+            d_fvu = _paired(results, cond, k, "fvu")
+            cross = [r.get("mmcs_cross") for r in results if r["condition"] == cond and r["k"] == k]
+            cross = [c for c in cross if c is not None]
+            n = int(np.isfinite(d).sum())
+            mean = float(np.nanmean(d)) if n else float("nan")
+            se = float(np.nanstd(d, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+            gain = mean if higher_is_better else -mean
+            if run_kind != "full":
+                word = "quick run: not a reproduction"
+            elif n < 2:
+                word = "one seed: no verdict"
+            elif gain > 2 * se:
+                word = "better than baseline"
+            elif gain < -2 * se:
+                word = "worse than baseline"
+            else:
+                word = "no clear difference"
+            what = "MMCS to truth" if primary == "mmcs_truth" else "held-out FVU"
+            value = f"{mean:+.1f} %" if primary == "fvu" else f"{mean:+.4f}"
+            reason = (f"{what} {value} vs baseline (paired over {n} seed{'s' if n != 1 else ''})" if n
+                      else "no paired baseline run")
+            if primary != "fvu" and d_fvu.size:
+                reason += f", FVU {np.nanmean(d_fvu):+.1f} %"
+            if cross and float(np.mean(cross)) > 0.99 and gain < 0:
+                reason += f"; the SAEs are near copies of each other (cross-SAE MMCS {float(np.mean(cross)):.3f})"
+            out.append({"condition": cond, "k": k, "verdict": word, "reason": reason, "n": n,
+                        "mean_diff": mean, "se_diff": se})
+    return out
+
+
+def _core_summary(results: list[dict]) -> dict:
+    """Mean over seeds and SAEs of every SAEBench core metric, per condition and k: ``{cond: {k: {cat.key: v}}}``."""
+    out: dict = {}
+    for cond in dict.fromkeys(r["condition"] for r in results):
+        for k in sorted({r["k"] for r in results}):
+            cores = [c for r in results if r["condition"] == cond and r["k"] == k for c in r.get("saebench_core", [])]
+            if not cores:
+                continue
+            flat: dict[str, list[float]] = {}
+            for c in cores:
+                for cat, d in c.items():
+                    for key, v in d.items():
+                        if isinstance(v, (int, float)):
+                            flat.setdefault(f"{cat}.{key}", []).append(float(v))
+            out.setdefault(cond, {})[str(k)] = {key: float(np.mean(v)) for key, v in flat.items()}
+    return out
+
+
+def _cell(v) -> str:
+    return "—" if v is None or not np.isfinite(v) else f"{v:.4g}"
+
+
 def _report(out: Path, metrics: dict) -> None:
     s = metrics["summary"]
+    runs = metrics["runs"]
+    kind = metrics.get("run_kind", "full")
+    n_seeds = len({r["seed"] for r in runs})
     lines = [f"# MFR reproduction: {metrics['setting']}", "",
              "Marks et al. 2024, *Enhancing Neural Network Interpretability with Feature-Aligned Sparse "
-             "Autoencoders* (arXiv 2411.01220). Mean ± standard error over seeds.", ""]
+             "Autoencoders* (arXiv 2411.01220).", "",
+             f"Run: **{kind}** ({'the settings meant to reproduce' if kind == 'full' else 'a shortened budget that checks the pipeline: a quick run is not a reproduction and gets no verdict'}); "
+             f"{n_seeds} seed(s). Cells show the mean ± standard error over seeds with n; one seed shows no ±; "
+             "per-seed values are first averaged over the run's SAEs; — means undefined.", ""]
     if metrics["setting"] == "synthetic":
         lines += ["| k | condition | MMCS to truth | held-out FVU | cross-SAE MMCS | corr(cross, truth) | "
-                  "paper corr | re-inits |", "|---|---|---|---|---|---|---|---|"]
+                  "paper corr | re-initialisations |", "|---|---|---|---|---|---|---|---|"]
         paper = {"baseline": PAPER["synthetic_correlation_baseline"], "reinit": PAPER["synthetic_correlation_reinit"]}
         for cond in s:
             for k, e in sorted(s[cond].items(), key=lambda kv: int(kv[0])):
                 lines.append(f"| {k} | {cond} | {_fmt(e['mmcs_truth'])} | {_fmt(e['fvu'])} | {_fmt(e['mmcs_cross'])} "
-                             f"| {_fmt(e['correlation'])} | {paper.get(cond, '—')} | {e['n_reinits']['mean']:.1f} |")
-        lines += ["", "Shared-but-false cluster (cross-SAE similarity >= 0.9, truth similarity < 0.5):", "",
+                             f"| {_fmt(e['correlation'])} | {paper.get(cond, '—')} | {_reinits(runs, cond, int(k))} |")
+        lines += ["", "Shared-but-false cluster (cross-SAE similarity >= 0.9, truth similarity < 0.5); firing rates "
+                  "are fractions of samples, — for an empty cluster:", "",
                   "| k | condition | seed | count | fraction | firing rate in cluster | firing rate elsewhere |",
                   "|---|---|---|---|---|---|---|"]
-        for r in metrics["runs"]:
+        for r in runs:
             c = r["shared_false"]
             lines.append(f"| {r['k']} | {r['condition']} | {r['seed']} | {c['count']} | {c['fraction']:.4f} | "
-                         f"{c['rate_in_cluster']:.4g} | {c['rate_outside']:.4g} |")
-        lines += ["", "![summary](synthetic_summary.png)"]
+                         f"{_cell(c['rate_in_cluster'])} | {_cell(c['rate_outside'])} |")
+        lines += ["", figure("synthetic_summary.png", "MMCS to truth, held-out FVU and corr(cross, truth) per k")]
     else:
         down = ["loss_recovered"] if metrics["setting"] != "minilm" else ["cosine_recovered", "mse_recovered"]
         lines += ["| k | condition | held-out FVU | L0 | dead fraction | " + " | ".join(d.replace("_", " ") for d in down)
@@ -293,18 +400,63 @@ def _report(out: Path, metrics: dict) -> None:
                 lines.append(f"| {k} | {cond} | {_fmt(e['fvu'])} | {_fmt(e['l0'])} | {_fmt(e['dead_fraction'])} | "
                              + " | ".join(_fmt(e[d]) for d in down) + " |")
         for cond, imp in metrics.get("improvement_pct", {}).items():
-            lines += ["", f"Relative reconstruction improvement of {cond} over the baseline (FVU), per k: "
+            lines += ["", f"Relative reconstruction improvement of {cond} over the baseline (FVU; the paper's "
+                      "statistic is the relative change of the reconstruction loss), per k: "
                       + ", ".join(f"k={k}: {v:+.2f} %" for k, v in imp.items())]
-        lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} %).", "",
-                  "![summary](minilm_summary.png)"]
+        lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).", "",
+                  figure("minilm_summary.png", "held-out FVU, downstream recovery and dead fraction per k")]
+    lines += ["", "## Verdict against the baseline", "",
+              "Paired per seed (same data and initial seeds); better / worse = beyond 2 standard errors over "
+              ">= 2 seeds.", "", "| k | condition | verdict | why |", "|---|---|---|---|"]
+    for v in metrics.get("verdicts", []):
+        lines.append(f"| {v['k']} | {v['condition']} | {v['verdict']} | {v['reason']} |")
+    lines += ["", "## Re-initialisation", "", _reinit_text(metrics)]
+    core = metrics.get("saebench_core", {})
+    if core:
+        extra = [c for c in ("embedding_preservation.embedding_cossim_score", "model_behavior_preservation.kl_div_score",
+                             "model_performance_preservation.ce_loss_score")
+                 if any(c in e for cond in core.values() for e in cond.values())]
+        cols = [f"{a}.{b}" for a, b in CORE_KEYS] + extra
+        lines += ["", "## SAEBench core metrics", "",
+                  "SAEBench's definitions and keys (`metrics.json` -> `runs[*].saebench_core` has every category); "
+                  "held-out data, original units; mean over seeds and SAEs.", "",
+                  "| k | condition | " + " | ".join(c.split(".")[1] for c in cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+        for cond, per_k in core.items():
+            for k, e in sorted(per_k.items(), key=lambda kv: int(kv[0])):
+                lines.append(f"| {k} | {cond} | " + " | ".join(_cell(e.get(c)) for c in cols) + " |")
     lines += ["", f"Total time: {metrics['seconds']:.0f} s."]
-    atomic_write_bytes(out / "report.md", ("\n".join(lines) + "\n").encode())
+    write_report(out, "\n".join(lines), title=f"MFR reproduction: {metrics['setting']}")  # report.md + report.html
 
 
-def _fmt(e: dict) -> str:
+def _reinits(runs: list[dict], cond: str, k: int) -> str:
+    """Total re-initialisations of a (condition, k) over its seeds, e.g. ``"0 in 3 seeds"``."""
+    rs = [r for r in runs if r["condition"] == cond and r["k"] == k]
+    return f"{sum(int(r.get('n_reinits', 0)) for r in rs)} in {len(rs)} seed{'s' if len(rs) != 1 else ''}"
+
+
+def _reinit_text(metrics: dict) -> str:
+    """Which inactivity measure triggers re-initialisation, vs the paper's, and whether it fired."""
+    runs = metrics["runs"]
+    exp = metrics["experiment"]
+    fired = sum(int(r.get("n_reinits", 0)) for r in runs)
+    maxes = [r["max_inactivity"] for r in runs if "max_inactivity" in r and np.isfinite(r["max_inactivity"])]
+    mx = f"; the largest measure seen in any check was {max(maxes):.3g}" if maxes else ""
+    return (f"Every 100 steps each SAE's firing rates r_j over the window are scored by "
+            f"`cubed_relative_deviation` = mean_j |r_j / (k / d_sae) - 1|^3 (0 = uniform use, 1 = all dead) and the "
+            f"SAE is re-initialised when it exceeds {exp.get('inactivity_threshold', '—')} (during the first half "
+            f"of training). The paper's Figure 8 measures the deviation from the same uniform frequency k/N with a "
+            f"threshold of 1. Re-initialisations in this run: {fired}{mx}.")
+
+
+def _fmt(e: dict, fmt: str = ".4f") -> str:
+    """``mean ± se (n = N)`` of a summary entry; ``mean (n = 1)``; ``—`` when undefined."""
     if not np.isfinite(e["mean"]):
         return "—"
-    return f"{e['mean']:.4f}" + (f" ± {e['se']:.4f}" if np.isfinite(e["se"]) else "")
+    n = e.get("n", 0)
+    if np.isfinite(e["se"]):
+        return f"{e['mean']:{fmt}} ± {e['se']:{fmt}} (n = {n})"
+    return f"{e['mean']:{fmt}} (n = {n})"
 
 
 # ----------------------------------------------------------------------------- MiniLM
@@ -371,19 +523,17 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
     from mlpinterp.lm.hooks import hook_activations
-    from mlpinterp.lm.models import load_model
-    from mlpinterp.lm.recovery import embedding_recovered, lm_loss_recovered
+    from mlpinterp.lm.models import canonical_model_name, load_model
     from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts, token_chunks
     from mlpinterp.sae.activations import ActivationConfig, ActivationSource
-    from mlpinterp.sae.evaluate import sae_fn
+    from mlpinterp.sae.evaluate import evaluate_sae, is_causal_lm
 
     conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
     out = Path(out)
     _guard_settings(out, exp)
     t_start = time.time()
     model, tok = load_model(exp.model)
-    is_lm = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \
-        model.get_output_embeddings() is not None
+    is_lm = is_causal_lm(model)
     text_dir = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
     files = sorted(text_dir.glob("*.txt"))
     eval_files = [f for f in files if "test" in f.name] or files[-1:]
@@ -414,7 +564,8 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                                 reinit=reinit, rematch_every=exp.rematch_every, alpha=alpha,
                                 inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
                                 seed=2000 + seed)
-                trainer = MfrTrainer(held.shape[1], cfg, device=device)
+                trainer = MfrTrainer(held.shape[1], cfg, device=device, model_name=canonical_model_name(exp.model),
+                                     hook_point=exp.hook_point)
                 trainer.load_checkpoint(run_dir)  # resumes weights and optimiser; the data stream restarts
                 t0 = time.time()
                 trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
@@ -422,14 +573,20 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                 fvus, rates, l0s = _eval_saes(trainer, held)
                 res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
                        "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
-                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha}
+                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+                       "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan"))}
+                core = [evaluate_sae(s.cpu().eval(), model, eval_ids, special_ids=tok.all_special_ids)
+                        for s in trainer.saes]
+                res["saebench_core"] = core
                 if is_lm:
-                    rec = [lm_loss_recovered(model, exp.hook_point, sae_fn(s.cpu().eval()), eval_ids) for s in trainer.saes]
-                    res.update({"loss_recovered": [r["loss_recovered"] for r in rec], "lm": rec})
+                    perf = [c["model_performance_preservation"] for c in core]
+                    res["loss_recovered"] = [p["ce_loss_score"] for p in perf]
+                    res["lm"] = [{"ce_clean": p["ce_loss_without_sae"], "ce_spliced": p["ce_loss_with_sae"],
+                                  "ce_zero": p["ce_loss_with_ablation"], "loss_recovered": p["ce_loss_score"]}
+                                 for p in perf]
                 else:
-                    rec = [embedding_recovered(model, exp.hook_point, sae_fn(s.cpu().eval()), eval_ids) for s in trainer.saes]
-                    res.update({"cosine_recovered": [r["cosine_recovered"] for r in rec],
-                                "mse_recovered": [r["mse_recovered"] for r in rec], "embedding": rec})
+                    res.update({"cosine_recovered": [c["embedding_preservation"]["embedding_cossim_score"] for c in core],
+                                "mse_recovered": [c["embedding_preservation"]["embedding_mse_score"] for c in core]})
                 atomic_write_json(done, res)
                 results.append(res)
     keys = ["fvu", "l0", "dead_fraction", "loss_recovered"] if is_lm else \
@@ -441,8 +598,10 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
             b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
             if cond != "baseline" and b and m:
                 improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    metrics = {"setting": exp.model, "experiment": asdict(exp), "paper": PAPER, "runs": results,
-               "summary": summary, "improvement_pct": improvement, "seconds": time.time() - t_start}
+    metrics = {"setting": exp.model, "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
+               "runs": results, "summary": summary, "improvement_pct": improvement,
+               "verdicts": _verdicts(results, "fvu", _run_kind(exp)), "saebench_core": _core_summary(results),
+               "seconds": time.time() - t_start}
     atomic_write_json(out / "metrics.json", metrics)
     _figures_minilm(out, summary, "loss_recovered" if is_lm else "cosine_recovered")
     _report(out, metrics)
@@ -463,6 +622,7 @@ def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovere
             ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks], color=_COLORS.get(cond, f"C{3 + i}"),
                         yerr=[np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks],
                         marker="o", capsize=3, label=cond)
+        _integer_k_axis(ax, sorted({int(k) for cond in summary for k in summary[cond]}))
         ax.set_xlabel("k")
         ax.set_title(label)
         ax.legend(fontsize=8)

@@ -27,3 +27,14 @@ def load_model(name: str):
     except OSError as e:
         raise ValueError(f"model {name!r}: weights are not available locally (no download is attempted): {e}") from e
     return model, tok
+
+
+def canonical_model_name(name: str) -> str:
+    """The model name recorded with an SAE (and compared when it is used again): the Hugging Face id
+    ``"sentence-transformers/all-MiniLM-L6-v2"`` for the embedded MiniLM's aliases, the absolute path for a local
+    directory, otherwise ``name`` itself."""
+    import os
+
+    if name.lower() in ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"):
+        return "sentence-transformers/all-MiniLM-L6-v2"
+    return os.path.abspath(name) if os.path.isdir(name) else name

@@ -9,6 +9,8 @@
   similarity (and MSE of the pooled, un-normalised embedding) to the clean embeddings with the SAE spliced in
   vs zero-ablated;
   ``cosine_recovered = (cos_sae - cos_zero) / (1 - cos_zero)`` and ``mse_recovered = 1 - MSE_sae / MSE_zero``.
+* SAEBench's causal-LM core metrics (:func:`kl_ce_scores`): KL-divergence score and CE-loss score vs zero
+  ablation, with SAEBench's key names and token masking.
 """
 
 from __future__ import annotations
@@ -155,3 +157,64 @@ def recovered(value: float, clean: float, ablated: float) -> float:
     (loss recovered for cross-entropies; ``cosine_recovered`` for cosines with ``clean = 1``). NaN if undefined."""
     denom = ablated - clean
     return (ablated - value) / denom if denom != 0 else float("nan")
+
+
+@torch.no_grad()
+def kl_ce_scores(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], input_ids: Tensor,
+                 attention_mask: Tensor | None = None, batch_size: int = 8,
+                 ignore_ids: tuple[int, ...] | list[int] = ()) -> dict:
+    """SAEBench's downstream core metrics of a replacement ``fn`` at ``hook_point`` of a causal LM, vs zero ablation.
+
+    With ``p`` the clean next-token distribution and ``q`` the one with ``fn`` (or zero ablation) spliced in, per
+    position ``t``: ``KL_t = sum_v p_v (log p_v - log q_v)`` (nats) and the cross-entropy of the next token
+    (nats). Means over the positions whose own token is not in ``ignore_ids`` (SAEBench ignores pad/BOS/EOS)
+    and not padding (the CE also needs a non-padding target). Scores, as SAEBench (``evals/core/main.py``):
+
+    * ``kl_div_score = (KL_ablation - KL_sae) / KL_ablation``;
+    * ``ce_loss_score = (CE_ablation - CE_sae) / (CE_ablation - CE_clean)``.
+
+    Returns ``{"model_behavior_preservation": {kl_div_score, kl_div_with_ablation, kl_div_with_sae},
+    "model_performance_preservation": {ce_loss_score, ce_loss_with_ablation, ce_loss_with_sae, ce_loss_without_sae},
+    "token_stats": {total_tokens_eval_reconstruction}}``. ``input_ids``: ``[batch, seq]``. Raises ``ValueError``
+    for mis-shaped inputs or when no position is left to average over.
+    """
+    ignore = torch.tensor(sorted({int(i) for i in ignore_ids if i is not None}), dtype=torch.int64)
+    sums = dict.fromkeys(["kl_sae", "kl_abl", "ce_clean", "ce_sae", "ce_abl"], 0.0)
+    n_kl = n_ce = 0
+    for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
+        keep = (mask != 0) & ~torch.isin(ids, ignore.to(ids.device))
+        keep_ce = keep[:, :-1] & (mask[:, 1:] != 0)
+        clean = _wide(model(input_ids=ids, attention_mask=mask).logits)
+        with splice(model, hook_point, fn):
+            spliced = _wide(model(input_ids=ids, attention_mask=mask).logits)
+        with splice(model, hook_point, zero_fn):
+            zero = _wide(model(input_ids=ids, attention_mask=mask).logits)
+        log_p = F.log_softmax(clean, dim=-1)
+        target = ids[:, 1:]
+        for name, logits in (("sae", spliced), ("abl", zero)):
+            log_q = F.log_softmax(logits, dim=-1)
+            kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)  # sum_v p (log p - log q)
+            sums[f"kl_{name}"] += float(kl[keep].double().sum())
+        for name, logits in (("clean", clean), ("sae", spliced), ("abl", zero)):
+            ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, reduction="none")
+            sums[f"ce_{name}"] += float(ce[keep_ce].double().sum())
+        n_kl += int(keep.sum())
+        n_ce += int(keep_ce.sum())
+    if n_kl == 0 or n_ce == 0:
+        raise ValueError("no position left to average over (all tokens are padding or in ignore_ids)")
+    kl_sae, kl_abl = sums["kl_sae"] / n_kl, sums["kl_abl"] / n_kl
+    ce_clean, ce_sae, ce_abl = sums["ce_clean"] / n_ce, sums["ce_sae"] / n_ce, sums["ce_abl"] / n_ce
+    return {
+        "model_behavior_preservation": {
+            "kl_div_score": (kl_abl - kl_sae) / kl_abl if kl_abl != 0 else float("nan"),
+            "kl_div_with_ablation": kl_abl, "kl_div_with_sae": kl_sae},
+        "model_performance_preservation": {
+            "ce_loss_score": (ce_abl - ce_sae) / (ce_abl - ce_clean) if ce_abl != ce_clean else float("nan"),
+            "ce_loss_with_ablation": ce_abl, "ce_loss_with_sae": ce_sae, "ce_loss_without_sae": ce_clean},
+        "token_stats": {"total_tokens_eval_reconstruction": n_kl},
+    }
+
+
+def _wide(logits: Tensor) -> Tensor:
+    """Logits in at least float32 (float64 models keep float64, so tiny KLs keep their digits)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

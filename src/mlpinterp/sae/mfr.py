@@ -13,6 +13,15 @@ Feature-Aligned Sparse Autoencoders", arXiv 2411.01220, sec. 3).
   relative deviation from the uniform rate ``k / d_sae``; see :data:`INACTIVITY_MEASURES`). An SAE whose
   measure *exceeds* ``inactivity_threshold`` is re-initialised whole, with a fresh optimiser.
 
+Input normalisation (``normalize_activations="expected_average_only_in"``, SAELens's name for it): before the
+first step the trainer estimates ``s = sqrt(d_in) / E||x||`` from the first ``norm_batches`` batches
+(:meth:`MfrTrainer.estimate_input_scale`), so that ``E||s x|| = sqrt(d_in)``; every SAE then computes on ``s x``
+and reports reconstructions and metrics in the original units (the scale is saved in ``cfg.json``).
+
+Mixed precision: ``train_step`` works under ``torch.autocast(device, dtype=torch.bfloat16)`` (the encoder matmul runs
+in bf16, gradients and the decoder in the parameters' dtype); float16 autocast is refused up front (no loss
+scaling). bf16 *parameters* (``dtype=torch.bfloat16``) work too.
+
 ``penalty=False, reinit=False`` gives the baseline: the same SAEs on the same data, trained independently.
 ``n_saes=1`` with both off is plain TopK SAE training (``mlpinterp sae train``).
 
@@ -28,9 +37,11 @@ Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`Distributed`:
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,10 +52,22 @@ import torch.distributed as dist
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from mlpinterp.sae.io import check_provenance
 from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """``{"sae": {"k": 4}}`` -> ``{"sae.k": 4}`` (for naming the differing fields of two configs)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 # ----------------------------------------------------------------------------- inactivity measures
@@ -172,6 +195,12 @@ class MfrConfig:
     seed: int = 0
     """Seed of the SAE initialisations (SAE i, re-init r gets its own derived stream)."""
 
+    normalize_activations: Literal["none", "expected_average_only_in"] = "none"
+    """'expected_average_only_in': scale inputs by sqrt(d_in) / E||x|| (estimated from the first batches)."""
+
+    norm_batches: int = 10
+    """Batches used to estimate the input scale (the first ones of the stream; they are trained on too)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.sae, SaeConfig):
             raise TypeError(f"sae must be a SaeConfig, got {type(self.sae).__name__}")
@@ -191,6 +220,11 @@ class MfrConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.alpha is not None and not (self.alpha >= 0):
             raise ValueError(f"alpha must be >= 0 or None, got {self.alpha!r}")
+        if self.normalize_activations not in ("none", "expected_average_only_in"):
+            raise ValueError(f"normalize_activations must be 'none' or 'expected_average_only_in', "
+                             f"got {self.normalize_activations!r}")
+        if isinstance(self.norm_batches, bool) or not isinstance(self.norm_batches, int) or self.norm_batches < 1:
+            raise ValueError(f"norm_batches must be a positive int, got {self.norm_batches!r}")
 
 
 @dataclass(frozen=True)
@@ -254,6 +288,11 @@ class MfrTrainer:
     dist_cfg : Distributed, optional
         Multi-process mode (requires an initialised process group).
     device : str or torch.device
+    dtype : torch.dtype
+        Parameter dtype of the SAEs.
+    model_name, hook_point : str, optional
+        Where the activations come from; recorded in every saved SAE and in checkpoints, and checked when a
+        checkpoint is resumed (:meth:`load_checkpoint`).
 
     Attributes
     ----------
@@ -271,11 +310,15 @@ class MfrTrainer:
     """
 
     def __init__(self, d_in: int, cfg: MfrConfig, dist_cfg: Distributed | None = None,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
+                 model_name: str | None = None, hook_point: str | None = None):
         if not isinstance(cfg, MfrConfig):
             raise TypeError(f"cfg must be an MfrConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.d_in = d_in
+        self.model_name = model_name
+        self.hook_point = hook_point
+        self.input_scale: float | None = 1.0 if cfg.normalize_activations == "none" else None
         self.dist = dist_cfg or Distributed()
         if self.dist.mode != "none" and not dist.is_initialized():
             raise ValueError(f"dist_cfg.mode={self.dist.mode!r} needs an initialised torch.distributed process group")
@@ -310,7 +353,31 @@ class MfrTrainer:
     # -------------------------------------------------------------- construction helpers
     def _new_sae(self, i: int) -> TopKSae:
         g = torch.Generator().manual_seed(_mix(self.cfg.seed, 1000 * i + self.n_reinits[i]))
-        return TopKSae(self.d_in, self.cfg.sae, generator=g, dtype=self.dtype).to(self.device)
+        return TopKSae(self.d_in, self.cfg.sae, generator=g, dtype=self.dtype, model_name=self.model_name,
+                       hook_point=self.hook_point, input_scale=self.input_scale or 1.0).to(self.device)
+
+    def estimate_input_scale(self, batches: Sequence[Tensor]) -> float:
+        """Set ``input_scale = sqrt(d_in) / mean_i ||x_i||`` over the rows of ``batches`` (all ranks' rows in ddp
+        mode) on the trainer and every SAE, and return it; afterwards ``E||input_scale * x|| = sqrt(d_in)``.
+
+        Raises ``ValueError`` for no rows, a wrong width or a zero mean norm.
+        """
+        total = torch.zeros(2, dtype=torch.float64)
+        for x in batches:
+            if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[1] != self.d_in:
+                got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"batches must hold tensors of shape [batch, d_in={self.d_in}], got {got}")
+            total += torch.stack([x.detach().double().norm(dim=1).sum().cpu(), torch.tensor(float(x.shape[0]))])
+        if self.dist.mode == "ddp":
+            total = _sum_ranks(total)
+        if total[1] == 0 or not bool(total[0] > 0) or not bool(torch.isfinite(total[0])):
+            raise ValueError(f"cannot estimate the input scale from {int(total[1])} row(s) with total norm "
+                             f"{float(total[0])!r}")
+        scale = math.sqrt(self.d_in) / float(total[0] / total[1])
+        self.input_scale = scale
+        for sae in self.saes:
+            sae.input_scale = scale
+        return scale
 
     def _new_opt(self, sae: TopKSae) -> torch.optim.Optimizer:
         return torch.optim.Adam(sae.parameters(), lr=self.lr, betas=(0.9, 0.999))
@@ -385,6 +452,13 @@ class MfrTrainer:
             got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape [batch, d_in={self.d_in}], got {got}")
         cfg = self.cfg
+        dev = self.device.type
+        if torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.float16:
+            raise ValueError("float16 autocast is not supported by train_step (there is no loss scaling, so small "
+                             "gradients underflow): use torch.autocast(device, dtype=torch.bfloat16)")
+        if self.input_scale is None:
+            raise ValueError("normalize_activations='expected_average_only_in' needs the input scale before the first "
+                             "step: call estimate_input_scale(first_batches) or train with fit()")
         x = x.to(self.device, self.dtype)
         ddp = self.dist.mode == "ddp"
         world = self.dist.world if ddp else 1
@@ -394,7 +468,7 @@ class MfrTrainer:
                 total = torch.cat([x.sum(0).double(),
                                    torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)])
                 total = _sum_ranks(total) if ddp else total
-                mean = (total[:-1] / total[-1]).to(self.dtype)
+                mean = (total[:-1] / total[-1] * self.input_scale).to(self.dtype)  # b_dec lives in the scaled space
                 for local in sorted(self._bias_pending):
                     self.saes[local].b_dec.copy_(mean)
             self._bias_pending.clear()
@@ -402,7 +476,8 @@ class MfrTrainer:
         for local, mod in enumerate(self.modules):
             dead = self.since_fired[local] >= cfg.dead_after_samples if cfg.auxk_alpha > 0 else None
             out = mod(x, dead_mask=dead, reduce_stats=reduce)
-            recon_terms.append(out.fvu if cfg.loss == "fvu" else out.mse)
+            # MSE in the normalised units (scale-free FVU is the same in both); out.mse is in original units
+            recon_terms.append(out.fvu if cfg.loss == "fvu" else out.mse * self.input_scale ** 2)
             auxk_terms.append(out.auxk_loss)
             counts.append(firing_counts(out.latent_acts, out.latent_indices, cfg.sae.d_sae))
         loss = world * (torch.stack(recon_terms).sum() + cfg.auxk_alpha * torch.stack(auxk_terms).sum())
@@ -482,8 +557,12 @@ class MfrTrainer:
         """
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_steps, initial=self.step, disable=quiet or self.dist.rank != 0, desc=desc)
         it = iter(batches)
+        if self.input_scale is None:  # normalisation: estimate from the first batches, then train on them too
+            first = list(itertools.islice(it, self.cfg.norm_batches))
+            self.estimate_input_scale(first)
+            it = itertools.chain(first, it)
+        bar = tqdm(total=n_steps, initial=self.step, disable=quiet or self.dist.rank != 0, desc=desc)
         while self.step < n_steps:
             try:
                 x = next(it)
@@ -515,7 +594,8 @@ class MfrTrainer:
             for p, st in opt.state.items():
                 for k, v in st.items():
                     tensors[f"sae{i}.adam.{names[id(p)]}.{k}"] = torch.as_tensor(v)
-        meta = {"step": self.step, "alpha": self.alpha, "n_reinits": self.n_reinits,
+        meta = {"step": self.step, "alpha": self.alpha, "n_reinits": self.n_reinits, "input_scale": self.input_scale,
+                "model_name": self.model_name, "hook_point": self.hook_point, "d_in": self.d_in,
                 "window_samples": self.window_samples, "cfg": asdict(self.cfg),
                 "bias_pending": sorted(self._bias_pending), "owned": self.owned,
                 "history": self.history, "reinit_events": self.reinit_events, "checks": self.checks,
@@ -525,15 +605,35 @@ class MfrTrainer:
         atomic_write_json(directory / "mfr_cfg.json", asdict(self.cfg))
         return directory
 
-    def load_checkpoint(self, directory: str | os.PathLike) -> bool:
-        """Resume from :meth:`save_checkpoint`'s files; returns False if there is no checkpoint."""
+    def load_checkpoint(self, directory: str | os.PathLike, *, allow_mismatch: bool = False,
+                        override: str = "allow_mismatch=True") -> bool:
+        """Resume from :meth:`save_checkpoint`'s files; returns False if there is no checkpoint.
+
+        Raises ``ValueError`` (before changing anything) when the checkpoint was written for other SAEs (owned
+        indices, d_in or any :class:`MfrConfig` field differ) or, unless ``allow_mismatch`` (then it warns), for
+        another hook point or model; ``override`` names the flag that allows it in the message.
+        """
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
         path = Path(directory) / f"trainer_rank{rank}.safetensors"
         if not path.exists() or not path.with_suffix(".json").exists():
             return False
         tensors, meta = load_tensors(path)
+        where = f"checkpoint {str(path)!r}"
         if meta.get("owned") != self.owned:
-            raise ValueError(f"checkpoint {str(path)!r} holds SAEs {meta.get('owned')}, this process owns {self.owned}")
+            raise ValueError(f"{where} holds SAEs {meta.get('owned')}, this process owns {self.owned}")
+        if meta.get("d_in", self.d_in) != self.d_in:
+            raise ValueError(f"{where} holds SAEs with d_in={meta['d_in']}, these activations have d_in={self.d_in}")
+        have, want = _flat(meta.get("cfg", {})), _flat(json.loads(json.dumps(asdict(self.cfg))))
+        diff = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+        if diff:
+            raise ValueError(f"{where} was trained with other settings (" + ", ".join(
+                f"{k}: {have[k]!r} there, {want[k]!r} here" for k in diff) + "); use another output directory")
+        check_provenance(f"resuming {where}", recorded_model=meta.get("model_name"),
+                         recorded_hook=meta.get("hook_point"), model_name=self.model_name,
+                         hook_point=self.hook_point, allow_mismatch=allow_mismatch, override=override)
+        self.input_scale = meta.get("input_scale", 1.0)
+        for sae in self.saes:
+            sae.input_scale = self.input_scale or 1.0
         self.step = int(meta["step"])
         self.alpha = meta["alpha"]
         self.n_reinits = list(meta["n_reinits"])

@@ -16,27 +16,27 @@ latent ``j`` writes into activation space (the "feature"), the convention shared
 The AuxK loss (Gao et al. 2024, sec. A.2) reconstructs the residual ``x - x_hat`` from the ``k_aux`` largest
 pre-activations of *dead* latents; it is normalised by the residual's variance like sparsify.
 
+Input normalisation (``input_scale = s``, e.g. ``sqrt(d_in) / E||x||`` estimated by the trainer): the SAE
+computes on ``s x`` and returns ``x_hat / s``, so every output and metric (``sae_out``, ``fvu``, ``mse``) is in the
+original units of ``x``; only latent activations and the parameters live in the normalised space.
+
 Artefacts: ``sae.safetensors`` + ``cfg.json`` (sparsify layout, :meth:`TopKSae.save`) or
-``sae_weights.safetensors`` + ``cfg.json`` (SAELens layout, ``layout="saelens"``); :meth:`TopKSae.load`
-reads both.
+``sae_weights.safetensors`` + ``cfg.json`` (SAELens layout, ``layout="saelens"``); :mod:`mlpinterp.sae.io`
+writes and reads both, with the model name, hook point, dtype, normalisation and a hash of the weights.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save as st_save
 from torch import Tensor, nn
-
-from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json, load_tensors
 
 
 @dataclass(frozen=True)
@@ -130,32 +130,38 @@ class _TopKEncode(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_acts: Tensor, _g_idx, g_pre):  # type: ignore[override]
         x, weight, idx, vals = ctx.saved_tensors
-        g = torch.zeros_like(vals) if g_acts is None else g_acts * (vals > 0)  # ReLU derivative
-        g_x = g_w = g_b = None
-        if g_pre is not None:  # someone used pre_acts with a gradient (e.g. AuxK): fall back to dense
-            dense = g_pre.clone()
-            dense.scatter_add_(1, idx, g)
+        wdt = weight.dtype
+        # Under autocast the forward matmul ran in bf16, so the incoming gradients are bf16 while x and the
+        # weight are float32: every product below runs in the weight's dtype with autocast off (mixing dtypes
+        # inside embedding_bag / sparse.mm is an error, and a bf16 scatter-add would lose precision).
+        with torch.autocast(x.device.type, enabled=False):
+            g = torch.zeros_like(vals, dtype=wdt) if g_acts is None else g_acts.to(wdt) * (vals > 0)  # ReLU'
+            x = x.to(wdt)
+            g_x = g_w = g_b = None
+            if g_pre is not None:  # someone used pre_acts with a gradient (e.g. AuxK): fall back to dense
+                dense = g_pre.to(wdt, copy=True)
+                dense.scatter_add_(1, idx, g)
+                if ctx.needs_input_grad[0]:
+                    g_x = dense @ weight
+                if ctx.needs_input_grad[1]:
+                    g_w = dense.t() @ x
+                if ctx.needs_input_grad[2]:
+                    g_b = dense.sum(0)
+                return g_x, g_w, g_b, None
             if ctx.needs_input_grad[0]:
-                g_x = dense @ weight
+                g_x = F.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
             if ctx.needs_input_grad[1]:
-                g_w = dense.t() @ x
+                d_sae = weight.shape[0]
+                sparse = torch.sparse_coo_tensor(
+                    torch.stack([idx.reshape(-1),
+                                 torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])]),
+                    g.reshape(-1),
+                    (d_sae, x.shape[0]),
+                    check_invariants=False,
+                )
+                g_w = torch.sparse.mm(sparse, x)
             if ctx.needs_input_grad[2]:
-                g_b = dense.sum(0)
-            return g_x, g_w, g_b, None
-        if ctx.needs_input_grad[0]:
-            g_x = F.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
-        if ctx.needs_input_grad[1]:
-            d_sae = weight.shape[0]
-            sparse = torch.sparse_coo_tensor(
-                torch.stack([idx.reshape(-1),
-                             torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])]),
-                g.reshape(-1),
-                (d_sae, x.shape[0]),
-                check_invariants=False,
-            )
-            g_w = torch.sparse.mm(sparse, x)
-        if ctx.needs_input_grad[2]:
-            g_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device).index_add_(0, idx.reshape(-1),
+                g_b = torch.zeros(weight.shape[0], dtype=wdt, device=g.device).index_add_(0, idx.reshape(-1),
                                                                                          g.reshape(-1))
         return g_x, g_w, g_b, None
 
@@ -183,15 +189,26 @@ class TopKSae(nn.Module):
         Hyper-parameters.
     generator : torch.Generator, optional
         Source of randomness for the initialisation (deterministic given its seed).
+    dtype : torch.dtype
+        Parameter dtype (float32 default; bf16 and float64 work).
+    model_name, hook_point : str, optional
+        Where the SAE's inputs come from (a model name as given to :func:`mlpinterp.lm.models.load_model`, a
+        module path); recorded in ``cfg.json`` and checked by :func:`mlpinterp.sae.io.check_provenance` wherever the
+        SAE is used on a model.
+    input_scale : float
+        Inputs are multiplied by this before encoding and reconstructions divided by it (1: no normalisation).
 
     Raises
     ------
     ValueError
-        If ``d_in`` is not a positive int or ``cfg.k > cfg.d_sae``.
+        If ``d_in`` is not a positive int, ``cfg.k > cfg.d_sae`` or ``input_scale`` is not finite and > 0.
+    TypeError
+        If ``cfg``, ``dtype``, ``generator``, ``model_name`` or ``hook_point`` has the wrong type.
     """
 
     def __init__(self, d_in: int, cfg: SaeConfig, *, generator: torch.Generator | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, model_name: str | None = None, hook_point: str | None = None,
+                 input_scale: float = 1.0):
         super().__init__()
         if isinstance(d_in, bool) or not isinstance(d_in, int) or d_in < 1:
             raise ValueError(f"d_in must be a positive int, got {d_in!r}")
@@ -201,14 +218,31 @@ class TopKSae(nn.Module):
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        for name, v in (("model_name", model_name), ("hook_point", hook_point)):
+            if v is not None and (not isinstance(v, str) or not v):
+                raise TypeError(f"{name} must be a non-empty str or None, got {v!r}")
         self.d_in = d_in
         self.cfg = cfg
+        self.model_name = model_name
+        self.hook_point = hook_point
+        self.input_scale = input_scale
         self.encoder = nn.Linear(d_in, cfg.d_sae, dtype=dtype)
         self.W_dec_param = None if cfg.tied else nn.Parameter(torch.empty(cfg.d_sae, d_in, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(d_in, dtype=dtype))
         self.reset_parameters(generator)
 
     # ------------------------------------------------------------------ parameters
+    @property
+    def input_scale(self) -> float:
+        """Multiplier applied to inputs before encoding (reconstructions are divided by it); 1 = none."""
+        return self._input_scale
+
+    @input_scale.setter
+    def input_scale(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"input_scale must be a finite number > 0, got {value!r}")
+        self._input_scale = float(value)
+
     @property
     def W_dec(self) -> Tensor:
         """Decoder dictionary ``[d_sae, d_in]`` (the encoder weight itself when tied)."""
@@ -221,6 +255,11 @@ class TopKSae(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.b_dec.dtype
+
+    def extra_repr(self) -> str:
+        where = f", hook_point={self.hook_point!r}" if self.hook_point else ""
+        scale = f", input_scale={self.input_scale:.4g}" if self.input_scale != 1.0 else ""
+        return f"d_in={self.d_in}, d_sae={self.cfg.d_sae}, k={self.cfg.k}, tied={self.cfg.tied}{where}{scale}"
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -264,17 +303,27 @@ class TopKSae(nn.Module):
             raise ValueError(f"x contains {n_bad} non-finite value(s) (NaN or inf)")
         return x.to(self.dtype)
 
-    def encode(self, x: Tensor, *, _checked: bool = False) -> EncoderOutput:
-        """TopK then ReLU. ``x``: ``[batch, d_in]``. Returns :class:`EncoderOutput`."""
-        if not _checked:
-            x = self._check_input(x)
+    def _encode_normalised(self, xs: Tensor) -> EncoderOutput:
+        """TopK then ReLU of already scaled inputs ``xs = input_scale * x``."""
         if self.cfg.pre_bias:
-            x = x - self.b_dec
-        acts, idx, pre = _TopKEncode.apply(x, self.encoder.weight, self.encoder.bias, self.cfg.k)
+            xs = xs - self.b_dec
+        acts, idx, pre = _TopKEncode.apply(xs, self.encoder.weight, self.encoder.bias, self.cfg.k)
         return EncoderOutput(acts, idx, pre)
 
+    def _decode_normalised(self, top_acts: Tensor, top_indices: Tensor) -> Tensor:
+        """``sum_j acts_j W_dec[idx_j] + b_dec`` in the normalised space (acts cast to the weights' dtype, which
+        also makes the decoder work under autocast)."""
+        w = self.W_dec
+        return F.embedding_bag(top_indices, w, per_sample_weights=top_acts.to(w.dtype), mode="sum") + self.b_dec
+
+    def encode(self, x: Tensor, *, _checked: bool = False) -> EncoderOutput:
+        """TopK then ReLU. ``x``: ``[batch, d_in]`` in original units. Returns :class:`EncoderOutput`."""
+        if not _checked:
+            x = self._check_input(x)
+        return self._encode_normalised(x * self.input_scale if self.input_scale != 1.0 else x)
+
     def decode(self, top_acts: Tensor, top_indices: Tensor) -> Tensor:
-        """``x_hat = sum_j acts_j W_dec[idx_j] + b_dec``: ``[batch, k]`` x2 -> ``[batch, d_in]``.
+        """``x_hat = (sum_j acts_j W_dec[idx_j] + b_dec) / input_scale``: ``[batch, k]`` x2 -> ``[batch, d_in]``.
 
         Raises ``TypeError``/``ValueError`` if ``top_indices`` is not an integer tensor of indices in ``[0, d_sae)``,
         ``top_acts`` not a finite floating-point tensor of the same ``[batch, k]`` shape.
@@ -293,7 +342,8 @@ class TopKSae(nn.Module):
                              f"[{int(top_indices.min())}, {int(top_indices.max())}]")
         if not bool(torch.isfinite(top_acts).all()):
             raise ValueError(f"top_acts contains {int((~torch.isfinite(top_acts)).sum())} non-finite value(s)")
-        return F.embedding_bag(top_indices, self.W_dec, per_sample_weights=top_acts, mode="sum") + self.b_dec
+        out = self._decode_normalised(top_acts, top_indices)
+        return out / self.input_scale if self.input_scale != 1.0 else out
 
     def dense_latents(self, x: Tensor) -> Tensor:
         """Latent activations as a dense ``[batch, d_sae]`` tensor (zeros outside the top k)."""
@@ -303,7 +353,7 @@ class TopKSae(nn.Module):
 
     def forward(self, x: Tensor, dead_mask: Tensor | None = None,
                 reduce_stats: Callable[[Tensor], Tensor] | None = None) -> ForwardOutput:
-        """Encode, decode and score one batch.
+        """Encode, decode and score one batch; ``sae_out``, ``fvu`` and ``mse`` are in the original units of ``x``.
 
         Parameters
         ----------
@@ -327,8 +377,11 @@ class TopKSae(nn.Module):
             if not isinstance(dead_mask, Tensor) or dead_mask.dtype != torch.bool:
                 raise TypeError(f"dead_mask must be a bool torch.Tensor [d_sae={self.cfg.d_sae}], got "
                                 f"{dead_mask.dtype if isinstance(dead_mask, Tensor) else type(dead_mask).__name__}")
+        s = self.input_scale
         enc = self.encode(x, _checked=True)
-        sae_out = F.embedding_bag(enc.top_indices, self.W_dec, per_sample_weights=enc.top_acts, mode="sum") + self.b_dec
+        sae_out = self._decode_normalised(enc.top_acts, enc.top_indices)
+        if s != 1.0:
+            sae_out = sae_out / s
         e = x - sae_out
         tiny = torch.finfo(x.dtype).tiny
         l2 = e.pow(2).sum()
@@ -345,7 +398,10 @@ class TopKSae(nn.Module):
                 scale = min(num_dead / k_aux, 1.0)
                 aux_pre = enc.pre_acts.masked_fill(~dead_mask.to(enc.pre_acts.device), -torch.inf)
                 aux_vals, aux_idx = aux_pre.topk(k_aux, dim=-1, sorted=False)
-                e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals.clamp_min(0), mode="sum")
+                w = self.W_dec
+                e_hat = F.embedding_bag(aux_idx, w, per_sample_weights=aux_vals.clamp_min(0).to(w.dtype), mode="sum")
+                if s != 1.0:
+                    e_hat = e_hat / s
                 e_var = _total_variance(e.detach(), reduce_stats)
                 auxk = scale * (e_hat - e.detach()).pow(2).sum() / e_var.clamp_min(tiny)
         return ForwardOutput(sae_out, enc.top_acts, enc.top_indices, fvu, mse, auxk)
@@ -353,122 +409,15 @@ class TopKSae(nn.Module):
     # ------------------------------------------------------------------ I/O
     def save(self, path: str | os.PathLike, layout: Literal["sparsify", "saelens"] = "sparsify",
              extra_cfg: dict | None = None) -> Path:
-        """Write the SAE to directory ``path`` atomically and return it.
+        """Write the SAE to directory ``path`` atomically and return it (see :func:`mlpinterp.sae.io.save_sae`)."""
+        from mlpinterp.sae.io import save_sae
 
-        ``layout="sparsify"``: ``sae.safetensors`` (``encoder.weight [d_sae, d_in]``, ``encoder.bias``,
-        ``W_dec [d_sae, d_in]``, ``b_dec``) + ``cfg.json``. ``layout="saelens"``: ``sae_weights.safetensors``
-        (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``, ``b_dec``) + ``cfg.json``.
-        """
-        path = Path(path)
-        if extra_cfg is not None and not isinstance(extra_cfg, dict):
-            raise TypeError(f"extra_cfg must be a dict or None, got {type(extra_cfg).__name__}")
-        reserved = sorted(set(extra_cfg or {}) & ({f.name for f in fields(SaeConfig)} | {"d_in", "num_latents", "layout"}))
-        if reserved:
-            raise ValueError(f"extra_cfg must not override the SAE's own cfg.json keys, got {reserved}")
-        cfg = {**asdict(self.cfg), "d_in": self.d_in, "num_latents": self.cfg.d_sae, "expansion_factor":
-               self.cfg.d_sae / self.d_in, "multi_topk": False, "skip_connection": False,
-               "architecture": "topk", "layout": layout, **(extra_cfg or {})}
-        w_enc = self.encoder.weight.detach().cpu().contiguous()
-        w_dec = self.W_dec.detach().cpu().clone().contiguous()
-        if layout == "sparsify":
-            tensors = {"encoder.weight": w_enc, "encoder.bias": self.encoder.bias.detach().cpu(),
-                       "W_dec": w_dec, "b_dec": self.b_dec.detach().cpu()}
-            fname = "sae.safetensors"
-        elif layout == "saelens":
-            tensors = {"W_enc": w_enc.t().contiguous(), "b_enc": self.encoder.bias.detach().cpu(),
-                       "W_dec": w_dec, "b_dec": self.b_dec.detach().cpu()}
-            cfg.update({"activation_fn_kwargs": {"k": self.cfg.k}, "apply_b_dec_to_input": self.cfg.pre_bias,
-                        "dtype": str(self.dtype).removeprefix("torch."), "device": "cpu",
-                        "normalize_activations": "none", "rescale_acts_by_decoder_norm": False,
-                        "sae_lens_version": "6.0.0"})
-            fname = "sae_weights.safetensors"
-        else:
-            raise ValueError(f"layout must be 'sparsify' or 'saelens', got {layout!r}")
-        atomic_write_bytes(path / fname, st_save({k: v.contiguous() for k, v in tensors.items()}))
-        atomic_write_json(path / "cfg.json", cfg)
-        return path
+        return save_sae(self, path, layout=layout, extra_cfg=extra_cfg)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> TopKSae:
-        """Load an SAE written by :meth:`save` (either layout; also reads sparsify's own TopK SAEs).
+    def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu", *,
+             verify_hash: bool = True) -> TopKSae:
+        """Load an SAE written by :meth:`save`, by sparsify or by SAELens (see :func:`mlpinterp.sae.io.load_sae`)."""
+        from mlpinterp.sae.io import load_sae
 
-        Raises
-        ------
-        FileNotFoundError
-            If ``path`` holds neither ``sae.safetensors`` nor ``sae_weights.safetensors``, or no ``cfg.json``.
-        ValueError
-            If the files are corrupt or the tensor shapes disagree with ``cfg.json``.
-        """
-        path = Path(path)
-        if path.is_file():
-            raise ValueError(f"path must be the SAE's directory (holding cfg.json and the .safetensors file), "
-                             f"got the file {str(path)!r}")
-        cfg_path = path / "cfg.json"
-        if not cfg_path.exists():
-            raise FileNotFoundError(f"{str(cfg_path)!r} does not exist")
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{str(cfg_path)!r} is not valid JSON ({e})") from e
-        if not isinstance(raw, dict):
-            raise ValueError(f"{str(cfg_path)!r} must hold a JSON object, got {type(raw).__name__}")
-        if (path / "sae.safetensors").exists():
-            tensors, _ = load_tensors(path / "sae.safetensors")
-            w_enc, b_enc = tensors.get("encoder.weight"), tensors.get("encoder.bias")
-        elif (path / "sae_weights.safetensors").exists():
-            tensors, _ = load_tensors(path / "sae_weights.safetensors")
-            w_enc, b_enc = tensors.get("W_enc"), tensors.get("b_enc")
-            w_enc = None if w_enc is None else w_enc.t()
-        else:
-            raise FileNotFoundError(f"{str(path)!r} holds neither sae.safetensors nor sae_weights.safetensors")
-        missing = [n for n, t in (("encoder weight", w_enc), ("encoder bias", b_enc),
-                                  ("W_dec", tensors.get("W_dec")), ("b_dec", tensors.get("b_dec"))) if t is None]
-        if missing:
-            raise ValueError(f"SAE file in {str(path)!r} lacks tensors: {missing}")
-        where = f"in {str(path)!r}"
-        for name, t in (("encoder weight", w_enc), ("encoder bias", b_enc), ("W_dec", tensors["W_dec"]),
-                        ("b_dec", tensors["b_dec"])):
-            if not t.is_floating_point():
-                raise ValueError(f"{name} {where} must be a floating-point tensor, got dtype {t.dtype}")
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{name} {where} contains {int((~torch.isfinite(t)).sum())} non-finite value(s)")
-        if w_enc.ndim != 2:
-            raise ValueError(f"encoder weight {where} must be 2-D [d_sae, d_in], got shape {list(w_enc.shape)}")
-
-        def _int(key: str, v):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"cfg.json {where}: {key!r} must be an int, got {type(v).__name__} {v!r}")
-            return v
-
-        d_in = _int("d_in", raw["d_in"]) if "d_in" in raw else int(w_enc.shape[1])
-        names = {f.name for f in fields(SaeConfig)}
-        kw = {k: v for k, v in raw.items() if k in names}
-        if "d_sae" not in kw:
-            if raw.get("num_latents") is not None:
-                kw["d_sae"] = _int("num_latents", raw["num_latents"])
-            else:
-                kw["d_sae"] = int(w_enc.shape[0])
-        if "k" not in kw:
-            afk = raw.get("activation_fn_kwargs")
-            if not isinstance(afk, dict) or "k" not in afk:
-                raise ValueError(f"cfg.json {where} gives no top-k 'k' (neither 'k' nor 'activation_fn_kwargs.k')")
-            kw["k"] = _int("activation_fn_kwargs.k", afk["k"])
-        try:
-            cfg = SaeConfig(**kw)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"cfg.json {where}: {e}") from e
-        want = (cfg.d_sae, d_in)
-        for name, t in (("encoder weight", w_enc), ("W_dec", tensors["W_dec"])):
-            if tuple(t.shape) != want:
-                raise ValueError(f"{name} {where} must have shape {list(want)}, got {list(t.shape)}")
-        for name, t, n in (("encoder bias", b_enc, cfg.d_sae), ("b_dec", tensors["b_dec"], d_in)):
-            if tuple(t.shape) != (n,):
-                raise ValueError(f"{name} {where} must have shape [{n}], got {list(t.shape)}")
-        sae = cls(d_in, cfg, dtype=w_enc.dtype)
-        with torch.no_grad():
-            sae.encoder.weight.copy_(w_enc)
-            sae.encoder.bias.copy_(b_enc)
-            sae.b_dec.copy_(tensors["b_dec"])
-            if not cfg.tied:
-                sae.W_dec_param.copy_(tensors["W_dec"])
-        return sae.to(device)
+        return load_sae(path, device=device, verify_hash=verify_hash)
