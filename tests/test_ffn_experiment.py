@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
 from mlpinterp.cli.main import app  # noqa: E402
-from mlpinterp.experiments.transformer import TransformerExperiment, run_transformer  # noqa: E402
-from mlpinterp.ffn.capture import CaptureConfig  # noqa: E402
-from mlpinterp.ffn.hybrid import HybridConfig  # noqa: E402
+from mlpinterp.experiments.transformer import run_transformer  # noqa: E402
+from mlpinterp.experiments.transformer_config import TransformerExperiment  # noqa: E402
+from mlpinterp.ffn.config import CaptureConfig, HybridConfig  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
 
 

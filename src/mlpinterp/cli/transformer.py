@@ -27,7 +27,7 @@ def _ints(values: list[str], name: str) -> tuple[int, ...]:
 
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
-    from mlpinterp.experiments.transformer import INPUT_MODELS, TransformerExperiment
+    from mlpinterp.experiments.transformer_config import INPUT_MODELS, TransformerExperiment
 
     default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 
