@@ -40,7 +40,8 @@ def main() -> None:
 
     import mlpinterp as mi
     from mlpinterp.ffn import ffn_paths, ffn_site
-    from mlpinterp.ffn.capture import CaptureConfig, capture_ffn_inputs
+    from mlpinterp.ffn.capture import capture_ffn_inputs
+    from mlpinterp.ffn.config import CaptureConfig
     from mlpinterp.ffn.input_models import fit_gaussian
     from mlpinterp.lm.models import load_model
     from mlpinterp.poly.metrics import fvu_from_outputs
@@ -78,7 +79,8 @@ def main() -> None:
     if args.skip_extras:
         return
 
-    from mlpinterp.ffn.hybrid import HybridConfig, finetune
+    from mlpinterp.ffn.config import HybridConfig
+    from mlpinterp.ffn.hybrid import finetune
     from mlpinterp.ffn.input_models import fit_mixture
     from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
     from mlpinterp.ffn.readout import Readout, RidgeBasis

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import mlpinterp as mi
+from mlpinterp.ffn.config import HybridConfig
 from mlpinterp.ffn.diagnostics import gaussianity
 from mlpinterp.ffn.features import eigen_features, output_directions, sae_alignment, unembedding_tokens
-from mlpinterp.ffn.hybrid import HybridConfig, ReadoutModule, finetune
+from mlpinterp.ffn.hybrid import ReadoutModule, finetune
 from mlpinterp.ffn.projection import project_on_data
 from mlpinterp.ffn.readout import Readout, RidgeBasis
 from mlpinterp.poly.spectral import quadratic_forms

@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
 from mlpinterp.cli.main import app  # noqa: E402
-from mlpinterp.experiments.transformer import TransformerExperiment, run_transformer  # noqa: E402
-from mlpinterp.ffn.capture import CaptureConfig  # noqa: E402
-from mlpinterp.ffn.hybrid import HybridConfig  # noqa: E402
+from mlpinterp.experiments.transformer import run_transformer  # noqa: E402
+from mlpinterp.experiments.transformer_config import TransformerExperiment  # noqa: E402
+from mlpinterp.ffn.config import CaptureConfig, HybridConfig  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
 
 
@@ -88,10 +88,10 @@ def test_bad_configuration_and_cli_errors(tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["reproduce", "transformer", "--model", str(tmp_path / "missing"), "--out",
                             str(tmp_path / "c"), "--quiet"])
-    assert r.exit_code == 2 and "not available locally" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "not available locally" in r.output and "Traceback" not in r.output
     txt = tmp_path / "t.txt"
     txt.write_text("too short")
     r = runner.invoke(app, ["reproduce", "transformer", "--model", model, "--text", str(txt), "--out",
                             str(tmp_path / "d"), "--quiet"])
-    assert r.exit_code == 2 and "ctx_len" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "ctx_len" in r.output and "Traceback" not in r.output
     json.dumps(r.output)

@@ -27,7 +27,7 @@ def _ints(values: list[str], name: str) -> tuple[int, ...]:
 
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
-    from mlpinterp.experiments.transformer import INPUT_MODELS, TransformerExperiment
+    from mlpinterp.experiments.transformer_config import INPUT_MODELS, TransformerExperiment
 
     default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 
@@ -61,6 +61,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
 
         import torch
 
+        from mlpinterp.cli.errors import expected_errors
         from mlpinterp.experiments.transformer import run_transformer
         from mlpinterp.lm.text import read_texts
 
@@ -74,7 +75,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                     "seed": seed}
         if layers != "all":
             kw["layers"] = _ints([layers], "--layers")
-        try:
+        with expected_errors(fix="see `mlpinterp reproduce transformer --help`"):
             exp = TransformerExperiment.quick(**kw) if quick else TransformerExperiment(**kw)
             if max_tokens:
                 exp = replace(exp, capture=replace(exp.capture, max_tokens=max_tokens,
@@ -85,7 +86,4 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 exp = replace(exp, hybrid=replace(exp.hybrid, steps=hybrid_steps))
             texts = read_texts(text) if text is not None else None
             res = run_transformer(out, exp, quiet=quiet, texts=texts)
-        except (ValueError, FileNotFoundError, TypeError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
         typer.echo(f"wrote {out / 'report.md'} and {out / 'report.html'} ({res['seconds']:.0f} s)")

@@ -29,86 +29,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mlpinterp.ffn.capture import BlockCapture, Capture, CaptureConfig, Moments, capture_ffn_inputs
-from mlpinterp.ffn.hybrid import HybridConfig
+from mlpinterp.experiments.transformer_config import TransformerExperiment
+from mlpinterp.ffn.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
-from mlpinterp.utils.validation import check_int
-
-INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")
-
-
-@dataclass(frozen=True)
-class TransformerExperiment:
-    """Configuration of ``reproduce transformer`` (every field documented for ``--help``)."""
-
-    model: str = "minilm"
-    """``minilm`` (the embedded all-MiniLM-L6-v2) or a Hugging Face name / path whose weights are on disk."""
-    layers: tuple[int, ...] | None = None
-    """Indices of the FFN blocks to analyse, in layer order (None: all)."""
-    degrees: tuple[int, ...] = (1, 2, 3)
-    """Polynomial degrees."""
-    input_models: tuple[str, ...] = INPUT_MODELS
-    """Input models to fit (see the module docstring)."""
-    capture: CaptureConfig = CaptureConfig()
-    """How FFN inputs are read from text."""
-    covariance: str = "empirical"
-    """Covariance of the Gaussian input model: ``empirical`` or ``ledoit-wolf``."""
-    mixture_components: int = 8
-    """K of the Gaussian mixture input model."""
-    mixture_fit_samples: int = 20_000
-    """Fit tokens the mixture's EM sees (a seeded subsample)."""
-    mixture_samples: int = 100_000
-    """Samples of the fitted mixture used for its degree >= 2 projection when the exact moments are unavailable."""
-    val_fraction: float = 0.1
-    """Fraction of the kept fit tokens held back for validation (input-model choice, hybrid monitoring)."""
-    hybrid: HybridConfig = HybridConfig()
-    """Fine-tuning of the hybrid input model."""
-    splice_sequences: int = 64
-    """Held-out sequences for the splice-in evaluation."""
-    n_output_dirs: int = 4
-    """Top output directions whose quadratic forms are eigendecomposed."""
-    n_eigen: int = 8
-    """Eigen-features kept per output direction."""
-    mc_samples: int = 50_000
-    """Monte Carlo samples for FVUs under a model without an exact FVU (mixture, GLU blocks)."""
-    seed: int = 0
-    """Seed of the mixture fit, the Monte Carlo samples and the hybrid batches."""
-    run: str = "full"
-    """``full`` or ``quick`` (a shortened run: no verdicts)."""
-
-    def __post_init__(self) -> None:
-        bad = [m for m in self.input_models if m not in INPUT_MODELS]
-        if bad or not self.input_models:
-            raise ValueError(f"input_models must be a non-empty subset of {INPUT_MODELS}, got {self.input_models}")
-        if not self.degrees or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 5
-                                   for d in self.degrees):
-            raise ValueError(f"degrees must be integers in 1..5, got {self.degrees}")
-        if self.covariance not in ("empirical", "ledoit-wolf"):
-            raise ValueError(f"covariance must be 'empirical' or 'ledoit-wolf', got {self.covariance!r}")
-        check_int(self.mixture_components, "mixture_components", minimum=1)
-        for name in ("mixture_fit_samples", "mixture_samples", "splice_sequences", "n_output_dirs", "n_eigen",
-                     "mc_samples"):
-            check_int(getattr(self, name), name, minimum=1)
-        if not 0.0 < self.val_fraction < 0.5:
-            raise ValueError(f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
-        if self.run not in ("full", "quick"):
-            raise ValueError(f"run must be 'full' or 'quick', got {self.run!r}")
-
-    @classmethod
-    def quick(cls, **kw) -> TransformerExperiment:
-        """A pipeline check in a few minutes on a 2-core CPU (fewer tokens, a small mixture, a short fine-tune)."""
-        base = dict(capture=CaptureConfig(max_tokens=12_000, keep_fit=12_000), mixture_components=4,
-                    mixture_fit_samples=4_000, mixture_samples=10_000, hybrid=HybridConfig(steps=40, batch_size=512),
-                    splice_sequences=16, mc_samples=10_000, run="quick")
-        base.update(kw)
-        return cls(**base)
-
 
 # ------------------------------------------------------------------------------------------------ capture cache
 
@@ -385,4 +314,4 @@ def _features(model, tok, site, p, block: BlockCapture, path: Path, exp: Transfo
     return res
 
 
-__all__ = ["INPUT_MODELS", "TransformerExperiment", "analyse_block", "run_transformer"]
+__all__ = ["analyse_block", "run_transformer"]

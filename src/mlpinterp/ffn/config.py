@@ -1,0 +1,74 @@
+"""Configuration of FFN-block analyses (torch-free, so ``--help`` is built from it without importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlpinterp.utils.validation import check_int, check_real
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How FFN inputs are read from text."""
+
+    ctx_len: int = 128
+    """Tokens per sequence, special tokens included."""
+
+    seq_batch: int = 32
+    """Sequences per forward pass."""
+
+    max_tokens: int = 100_000
+    """Content tokens to read in all (fit + held-out); fewer if the corpus is smaller."""
+
+    heldout_fraction: float = 0.2
+    """Fraction of passages held out for evaluation."""
+
+    passage_chunks: int = 8
+    """Consecutive sequences of one file that form a passage, the unit of the fit / held-out split."""
+
+    keep_fit: int = 100_000
+    """Fit activations kept per block for sample-based fits (moments always use every fit token)."""
+
+    exclude_special: bool = True
+    """Drop positions holding special tokens ([CLS], [SEP], padding, BOS/EOS)."""
+
+    seed: int = 0
+    """Seed of the passage split, the passage order and the kept subsample."""
+
+    def __post_init__(self) -> None:
+        for name in ("ctx_len", "seq_batch", "max_tokens", "passage_chunks", "keep_fit"):
+            check_int(getattr(self, name), name, minimum=1)
+        check_real(self.heldout_fraction, "heldout_fraction", 0.0, 1.0, lo_open=True)
+        if self.heldout_fraction >= 1.0:
+            raise ValueError(f"heldout_fraction must be < 1 (something must be left to fit), got {self.heldout_fraction}")
+        check_int(self.seed, "seed", minimum=0)
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Fine-tuning settings."""
+
+    steps: int = 500
+    """Optimiser steps."""
+
+    batch_size: int = 2048
+    """Fit activations per step."""
+
+    lr: float = 1e-3
+    """Schedule-free AdamW learning rate."""
+
+    warmup_steps: int = 50
+    """Schedule-free warm-up."""
+
+    eval_every: int = 100
+    """Steps between validation FVU evaluations (recorded in the history)."""
+
+    seed: int = 0
+    """Seed of the batches."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every"):
+            check_int(getattr(self, name), name, minimum=1)
+        check_int(self.warmup_steps, "warmup_steps", minimum=0)
+        check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_int(self.seed, "seed", minimum=0)
