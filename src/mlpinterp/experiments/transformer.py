@@ -220,6 +220,9 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     bad = [i for i in idx if not 0 <= i < len(paths)]
     if bad:
         raise ValueError(f"layers {bad} out of range: the model has {len(paths)} FFN blocks (0..{len(paths) - 1})")
+    saes = dict(exp.saes)
+    if set(saes) - set(idx):
+        raise ValueError(f"SAEs given for layers {sorted(set(saes) - set(idx))}, which are not analysed ({idx})")
     sites = {paths[i]: ffn_site(model, paths[i]) for i in idx}
     cap_path = out / "capture.safetensors"
     if cap_path.exists():
@@ -239,6 +242,8 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
         res["splice"] = _splice(model, tok, site, approx, cap, exp)
         res["features"] = _features(model, tok, site, approx[(res["recommended"], 2)] if 2 in exp.degrees else None,
                                     cap.blocks[path], out / "layers" / f"{i}_features.npz", exp)
+        if i in saes and res["features"] is not None:
+            res["features"]["sae"] = _sae_alignment(model, site, saes[i], cap, out / "layers" / f"{i}_features.npz")
         atomic_write_json(done, res)
         layers.append(res)
     results = {"config": json.loads(json.dumps(asdict(exp))), "model": exp.model, "n_blocks": len(paths),
@@ -312,6 +317,40 @@ def _features(model, tok, site, p, block: BlockCapture, path: Path, exp: Transfo
         res["eigenvector_tokens"] = [unembedding_tokens(ef["eigenvectors"][m][:, :3], W_U, tok)
                                      for m in range(U.shape[1])]
     return res
+
+
+def check_sae_site(model, site, sae, ids) -> None:
+    """Raise ``ValueError`` unless ``sae`` reads the input of the FFN block ``site``: same width, and, when the SAE
+    records its hook point, that module's output equals the block's input on ``ids [batch, seq]``."""
+    from mlpinterp.lm.hooks import hook_activations
+
+    if sae.d_in != site.network.d_in:
+        raise ValueError(f"the SAE has d_in = {sae.d_in} but FFN block {site.path!r} has d_in = {site.network.d_in}")
+    if sae.hook_point is None:
+        return
+    store: dict = {}
+    handle = model.get_submodule(site.input_module).register_forward_pre_hook(
+        lambda _m, args: store.setdefault("x", args[0].detach()))
+    try:
+        h = hook_activations(model, sae.hook_point, ids, stop_early=False)
+    finally:
+        handle.remove()
+    x = store.get("x")
+    if x is None or h.shape != x.shape or not torch.allclose(h.float(), x.float(), rtol=1e-4, atol=1e-5):
+        raise ValueError(f"the SAE was trained at hook point {sae.hook_point!r}, whose output is not the input of FFN "
+                         f"block {site.path!r} (the tensor {site.input_module!r} receives); train the SAE there")
+
+
+def _sae_alignment(model, site, sae_dir: str, cap: Capture, npz: Path) -> dict:
+    """Top eigen-features of the recommended degree-2 approximant against the SAE's decoder directions."""
+    from mlpinterp.ffn.features import sae_alignment
+    from mlpinterp.sae.topk import TopKSae
+
+    sae = TopKSae.load(sae_dir)
+    check_sae_site(model, site, sae, cap.heldout_ids[:2])
+    V = np.load(npz)["eigenvectors"][0]  # [d_in, n_eigen] along the top output direction
+    res = sae_alignment(V, sae.W_dec.detach().double().cpu().numpy())
+    return {"dir": str(sae_dir), "hook_point": sae.hook_point, "d_sae": int(sae.W_dec.shape[0]), **res}
 
 
 __all__ = ["analyse_block", "run_transformer"]

@@ -44,6 +44,9 @@ class TransformerExperiment:
     """Eigen-features kept per output direction."""
     mc_samples: int = 50_000
     """Monte Carlo samples for FVUs under a model without an exact FVU (mixture, GLU blocks)."""
+    saes: tuple[tuple[int, str], ...] = ()
+    """``(layer, SAE directory)`` pairs: SAEs trained on that block's input, whose decoder directions are compared with
+    the eigen-features (the SAE's recorded hook point must output exactly the block's input; checked)."""
     seed: int = 0
     """Seed of the mixture fit, the Monte Carlo samples and the hybrid batches."""
     run: str = "full"
@@ -64,6 +67,8 @@ class TransformerExperiment:
             check_int(getattr(self, name), name, minimum=1)
         if not 0.0 < self.val_fraction < 0.5:
             raise ValueError(f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
+        if any(not (isinstance(i, int) and isinstance(s, str)) for i, s in self.saes):
+            raise ValueError(f"saes must be (layer index, directory) pairs, got {self.saes!r}")
         if self.run not in ("full", "quick"):
             raise ValueError(f"run must be 'full' or 'quick', got {self.run!r}")
 

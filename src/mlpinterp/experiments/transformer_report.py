@@ -238,6 +238,13 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
                   f"({100 * f['output_variance_fraction'][0]:.1f} % of the output variance): leading eigenvalues {ev}; "
                   f"the top {len(f['eigenvalues'][0])} carry {100 * f['top_energy'][0]:.1f} % of the form's squared "
                   "Frobenius norm.", ""]
+            if f.get("sae"):
+                a = f["sae"]
+                L += [f"SAE decoder directions ({a['d_sae']} latents, hook point `{a['hook_point']}`): the top "
+                      f"{len(a['max_cos'])} eigenvectors have max |cosine| {', '.join(f'{v:.2f}' for v in a['max_cos'])} "
+                      f"with a decoder direction, against {a['random_mean']:.2f} on average (95th percentile "
+                      f"{a['random_p95']:.2f}) for random directions; {100 * a['fraction_above_random_p95']:.0f} % are "
+                      "above that percentile.", ""]
             if f.get("output_direction_tokens"):
                 t = f["output_direction_tokens"][0]
                 L += [f"Top output direction through the unembedding: + {', '.join(map(repr, t['positive'][:6]))}; "
