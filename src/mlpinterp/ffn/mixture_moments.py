@@ -130,19 +130,21 @@ class _Family:
         return total
 
 
-def _cross(fi: _Family, fj: _Family, sl: slice) -> np.ndarray:
-    """``E[F_i G_j]`` for the rows ``sl`` of ``fi`` and every row of ``fj``: ``[len(sl), fj.rows]``."""
+def _cross(fi: _Family, fj: _Family, sl: slice, cache: dict) -> np.ndarray:
+    """``E[F_i G_j]`` for the rows ``sl`` of ``fi`` and every row of ``fj``: ``[len(sl), fj.rows]``.
+
+    ``cache`` keeps the pair-covariance powers ``X_vw^n / n!`` between calls (families share slot directions)."""
     nr = len(range(*sl.indices(fi.rows)))
     out = np.zeros((nr, fj.rows))
     SI, SJ = len(fi.slots), len(fj.slots)
     cells = [(v, w) for v in range(SI) for w in range(SJ)]
-    X = {(v, w): fi.dirs[fi.slots[v]][sl] @ fj.dirs[fj.slots[w]].T for v, w in cells}
-    powers: dict = {}
 
-    def mono(v, w, n):  # X_vw^n / n!, cached
-        if (v, w, n) not in powers:
-            powers[(v, w, n)] = X[(v, w)] if n == 1 else mono(v, w, n - 1) * (X[(v, w)] / n)
-        return powers[(v, w, n)]
+    def mono(v, w, n):  # X_vw^n / n!
+        a, b = fi.dirs[fi.slots[v]], fj.dirs[fj.slots[w]]
+        key = (id(a), id(b), sl.start, sl.stop, n)
+        if key not in cache:
+            cache[key] = a[sl] @ b.T if n == 1 else mono(v, w, n - 1) * (mono(v, w, 1) / n)
+        return cache[key]
 
     dI = [fi.max_degree(v) for v in range(SI)]
     dJ = [fj.max_degree(w) for w in range(SJ)]
@@ -286,16 +288,17 @@ def mixture_normal_equations(network: Network, basis: RidgeBasis, mixture: Gauss
         fams = _feature_families(basis, comp, degree)
         target = _target_family(network, comp, degree)
         offs = np.cumsum([0] + [f.rows for f in fams])
+        cache: dict = {}  # X^n / n! per (slot directions, rows); the arrays live as long as fams
         for a, fa in enumerate(fams):
             for s in range(0, fa.rows, chunk):
                 sl = slice(s, min(s + chunk, fa.rows))
                 r0, r1 = offs[a] + sl.start, offs[a] + sl.stop
                 for b in range(a, len(fams)):
-                    blk = _cross(fa, fams[b], sl)
+                    blk = _cross(fa, fams[b], sl, cache)
                     M[r0:r1, offs[b]:offs[b + 1]] += pi * blk
                     if b > a:
                         M[offs[b]:offs[b + 1], r0:r1] += pi * blk.T
-                H = _cross(fa, target, sl)  # E[phi_i hidden_j]
+                H = _cross(fa, target, sl, cache)  # E[phi_i hidden_j]
                 C[r0:r1] += pi * (H @ W2.T + np.outer(_mean(fa, sl), b2))
         e_f, e_ff = output_moments(network, comp, chunk=chunk)
         yy += pi * e_ff

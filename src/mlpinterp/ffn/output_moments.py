@@ -95,16 +95,18 @@ def _centers(act, m: np.ndarray, slope: np.ndarray, width: np.ndarray) -> tuple[
     return np.stack(cs, 1), np.stack(ws, 1)
 
 
-def _univariate_quad(act, m, s, weight_fn) -> np.ndarray:
-    """``E[phi(m + s Z)^2 weight_fn(Z)]`` by the panel rule (``weight_fn(z) [n, nodes] -> [n, nodes, q]``): [n, q]."""
-    out = []
+def _psi2_moments(act, m, s, pmax: int) -> np.ndarray:
+    """``E[phi(m + s Z)^2 Z^p]``, p = 0..pmax, by the panel rule: ``[n, pmax + 1]``."""
+    out = np.empty((m.size, pmax + 1))
     for i in range(0, m.size, _QUAD_CHUNK):
         sl = slice(i, i + _QUAD_CHUNK)
         c, w = _centers(act, m[sl], s[sl], np.minimum(1.0, 1.0 / np.maximum(s[sl], 1e-300)))
         z, wz = _panel_rule(c, w, _GL_HI)
-        psi = act.fn(m[sl, None] + s[sl, None] * z)
-        out.append(np.einsum("nz,nzq->nq", wz * psi * psi, weight_fn(z)))
-    return np.concatenate(out) if out else np.zeros((0, 0))
+        f = wz * act.fn(m[sl, None] + s[sl, None] * z) ** 2
+        for p in range(pmax + 1):
+            out[sl, p] = f.sum(1)
+            f = f * z
+    return out
 
 
 def _glu_pair_quad(act, rows: dict, ii: np.ndarray, jj: np.ndarray, rho, gam_ij, gam_ji, cgg, lam_ij):
@@ -150,6 +152,19 @@ def _times_z(e: np.ndarray) -> np.ndarray:
 
 
 def _glu_hidden_moments(network: GLU, gaussian: Gaussian, chunk: int):
+    """Mehler with Hermite coefficients to degree 34 first (levels <= 32); to 162 only if some pair needs it (for
+    activations without closed forms the coefficients are quadratures, and most pairs of a wide block converge
+    early)."""
+    for k_top in (32, _K):
+        out = _glu_pass(network, gaussian, chunk, k_top)
+        if out is not None:
+            return out
+    raise AssertionError("unreachable")
+
+
+def _glu_pass(network: GLU, gaussian: Gaussian, chunk: int, k_top: int):
+    """One pass at truncation <= ``k_top``; None if a pair needs more and ``k_top < 160``."""
+    levels_t = tuple(k for k in _K_LEVELS if k <= k_top)
     act = network.act
     m, s, ZL = _laws(network, gaussian)
     L = gaussian.factor
@@ -158,20 +173,19 @@ def _glu_hidden_moments(network: GLU, gaussian: Gaussian, chunk: int):
     beta = _rowdot(gL, ZL)
     var_g = _rowdot(gL, gL)
     h = m.size
-    c = hermite_coefficients(act, m, s, _K + 2)  # [h, K + 3]
+    c = hermite_coefficients(act, m, s, k_top + 2)  # [h, k_top + 3]
     e_h = mu * c[:, 0] + beta * c[:, 1]
-    sqrt_fact = np.exp(0.5 * np.array([math.lgamma(k + 1) for k in range(_K + 1)]))
+    sqrt_fact = np.exp(0.5 * np.array([math.lgamma(k + 1) for k in range(k_top + 1)]))
     e = [c, _times_z(c)]
     e.append(_times_z(e[1]))
-    ehat = [ea[:, :_K + 1] * sqrt_fact for ea in e]  # orthonormal Hermite coefficients, k = 0..K
+    ehat = [ea[:, :k_top + 1] * sqrt_fact for ea in e]  # orthonormal Hermite coefficients, k = 0..k_top
     # norms E[psi^2 Z^(2a)] and the diagonal E[psi^2 ((mu + beta Z)^2 + Var g - beta^2)], one quadrature
-    q = _univariate_quad(act, m, s, lambda z: np.stack(
-        [np.ones_like(z), z**2, z**4, z, np.zeros_like(z)], -1))
-    norms = q[:, :3]
-    diag = q[:, 0] * (mu**2 + var_g - beta**2) + 2 * mu * beta * q[:, 3] + beta**2 * q[:, 1]
+    q = _psi2_moments(act, m, s, 4)
+    norms = q[:, [0, 2, 4]]
+    diag = q[:, 0] * (mu**2 + var_g - beta**2) + 2 * mu * beta * q[:, 1] + beta**2 * q[:, 2]
     diag_err = 1e-13 * np.abs(diag) + 1e-13 * q[:, 0] * (mu**2 + var_g)
     cum = [np.cumsum(x * x, axis=1) for x in ehat]
-    levels = np.array(_K_LEVELS)
+    levels = np.array(levels_t)
     resid = [np.maximum(norms[:, a, None] - cum[a][:, levels], 0.0) + 1e-15 * norms[:, a, None] for a in range(3)]
     combos = ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))
     scale_row = np.sqrt(np.maximum(diag, 0.0))
@@ -200,22 +214,34 @@ def _glu_hidden_moments(network: GLU, gaussian: Gaussian, chunk: int):
         kap = {(0, 0): mi * mj + covr, (1, 0): mi * qp + mj * p, (0, 1): mi * pp + mj * qq,
                (2, 0): p * qp, (1, 1): p * pp + qq * qp, (0, 2): qq * pp}
         del p, qq, pp, qp, covr
-        # per-pair level: smallest K whose truncation bound meets the tolerance
-        tol = REL_TOL * np.outer(scale_row[sl], scale_row)
-        absr = np.abs(r)
-        level = np.full((nr, h), len(_K_LEVELS), dtype=np.int8)
-        for li in range(len(_K_LEVELS) - 1, -1, -1):
-            bnd = np.zeros((nr, h))
+        # per-pair level: smallest K whose truncation bound meets the tolerance (pending pairs only, level by level)
+        scale = np.outer(scale_row[sl], scale_row)
+        nlev = len(levels_t)
+        level = np.full(nr * h, nlev, dtype=np.int8)
+        errb = np.zeros(nr * h)
+        pend = np.flatnonzero(~quad.ravel())
+        for li, K in enumerate(levels_t):
+            if not pend.size:
+                break
+            i, j = np.divmod(pend, h)
+            bnd = np.zeros(pend.size)
             for a, b in combos:
-                bnd += np.abs(kap[(a, b)]) * np.sqrt(np.outer(resid[a][sl, li], resid[b][:, li]))
-            bnd *= absr ** (_K_LEVELS[li] + 1)
-            level[bnd <= tol] = li
-        level[quad] = len(_K_LEVELS)
-        ok = level < len(_K_LEVELS)
+                bnd += np.abs(kap[(a, b)].ravel()[pend]) * np.sqrt(resid[a][s0 + i, li] * resid[b][j, li])
+            bnd *= np.abs(r.ravel()[pend]) ** (K + 1)
+            bnd += 2.2e-16 * (K + 2) * scale.ravel()[pend]
+            good = bnd <= REL_TOL * scale.ravel()[pend]
+            level[pend[good]] = li
+            errb[pend[good]] = bnd[good]
+            pend = pend[~good]
+        if pend.size and k_top < _K:
+            return None
+        level = level.reshape(nr, h)
+        errb = errb.reshape(nr, h)
+        ok = level < nlev
         # dense Mehler sum up to the level that covers >= 95% of the convergent pairs, the rest by gathers
-        counts = np.bincount(level[ok].ravel(), minlength=len(_K_LEVELS))
+        counts = np.bincount(level[ok].ravel(), minlength=nlev)
         l0 = int(np.searchsorted(np.cumsum(counts), 0.95 * counts.sum())) if counts.sum() else 0
-        k0 = _K_LEVELS[l0]
+        k0 = levels_t[l0]
         acc = np.zeros((nr, h))
         rk = np.ones((nr, h))
         tmp = np.empty((nr, h))
@@ -228,7 +254,7 @@ def _glu_hidden_moments(network: GLU, gaussian: Gaussian, chunk: int):
             term *= rk
             acc += term
             rk *= r
-        for li in range(l0 + 1, len(_K_LEVELS)):
+        for li in range(l0 + 1, nlev):
             idx = np.flatnonzero(level == li)
             if not idx.size:
                 continue
@@ -237,19 +263,11 @@ def _glu_hidden_moments(network: GLU, gaussian: Gaussian, chunk: int):
             kv = {ab: kap[ab].ravel()[idx] for ab in combos}
             rkv = rr ** (k0 + 1)
             extra = np.zeros(idx.size)
-            for k in range(k0 + 1, _K_LEVELS[li] + 1):
+            for k in range(k0 + 1, levels_t[li] + 1):
                 t = sum(kv[(a, b)] * ehat[a][s0 + i, k] * ehat[b][j, k] for a, b in combos)
                 extra += rkv * t
                 rkv *= rr
             acc.ravel()[idx] += extra
-        errb = np.zeros((nr, h))
-        lv = np.minimum(level, len(_K_LEVELS) - 1)
-        for a, b in combos:
-            ra = np.take_along_axis(resid[a][sl], lv, axis=1)
-            rb = resid[b][np.arange(h)[None, :], lv]
-            errb += np.abs(kap[(a, b)]) * np.sqrt(ra * rb)
-        errb *= absr ** (np.array(_K_LEVELS)[lv] + 1)
-        errb += 2.2e-16 * (np.array(_K_LEVELS)[lv] + 2) * tol / REL_TOL
         # conditional quadrature: diagonal, |rho| > 0.99, non-convergent pairs
         idx = np.flatnonzero(~ok)
         i, j = np.divmod(idx, h)
