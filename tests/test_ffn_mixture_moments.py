@@ -262,3 +262,13 @@ def test_bad_input_raises():
     nan = RidgeBasis(basis.center, np.full_like(basis.A, np.nan), None, basis.white)
     with pytest.raises(ValueError, match="basis.A contains NaN"):
         mixture_normal_equations(net, nan, g, 2)
+
+
+def test_hidden_moments_bad_input():
+    net = _net("glu", "gelu", 3, 2, 2, seed=0)
+    with pytest.raises(ValueError, match="dimension 4 but the network has d_in = 3"):
+        hidden_moments(net, _gaussian(4, seed=0))
+    with pytest.raises(TypeError, match="gaussian must be"):
+        hidden_moments(net, _mixture(3, seed=0))
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        hidden_moments(net, _gaussian(3, seed=0), chunk=0)

@@ -38,7 +38,8 @@ import numpy as np
 from mlpinterp.gaussian.bivariate import gauss_product_ev
 from mlpinterp.gaussian.distributions import Gaussian
 from mlpinterp.gaussian.univariate import gauss_ev, gauss_second_moment, hermite_coefficients
-from mlpinterp.networks import GLU, Network
+from mlpinterp.networks import GLU, Network, validate_network
+from mlpinterp.utils.validation import check_int
 
 #: Target accuracy of every E[h_i h_j] relative to sqrt(E[h_i^2] E[h_j^2]).
 REL_TOL = 1e-10
@@ -309,7 +310,16 @@ def _mlp_hidden_moments(network: Network, gaussian: Gaussian, chunk: int):
 
 def hidden_moments(network: Network, gaussian: Gaussian, *, chunk: int = 1024):
     """``E[h] [d_hidden]``, ``E[h h^T] [d_hidden, d_hidden]`` and a per-entry error estimate of the latter for the
-    hidden units h of ``network`` (``phi(W1 x + b1)``; GLU: ``phi(W x + b) * (V x + c)``) under ``gaussian``."""
+    hidden units h of ``network`` (``phi(W1 x + b1)``; GLU: ``phi(W x + b) * (V x + c)``) under ``gaussian``.
+
+    ``chunk``: rows of the pair grid per pass. Raises ``TypeError`` for a network or law of the wrong type,
+    ``ValueError`` for a dimension mismatch or ``chunk < 1``."""
+    network = validate_network(network)
+    if not isinstance(gaussian, Gaussian):
+        raise TypeError(f"gaussian must be a mlpinterp.Gaussian, got {type(gaussian).__name__}")
+    if gaussian.d != network.d_in:
+        raise ValueError(f"gaussian has dimension {gaussian.d} but the network has d_in = {network.d_in}")
+    chunk = check_int(chunk, "chunk", minimum=1)
     if isinstance(network, GLU):
         return _glu_hidden_moments(network, gaussian, chunk)
     return _mlp_hidden_moments(network, gaussian, chunk)
