@@ -139,12 +139,16 @@ def _cross(fi: _Family, fj: _Family, sl: slice, cache: dict) -> np.ndarray:
     SI, SJ = len(fi.slots), len(fj.slots)
     cells = [(v, w) for v in range(SI) for w in range(SJ)]
 
-    def mono(v, w, n):  # X_vw^n / n!
+    def mono(v, w, n):  # X_vw^n / n! (a loop, not recursion: a self-referencing closure would be a reference
+        # cycle keeping ``cache`` alive until the garbage collector runs, i.e. the caches of several components)
         a, b = fi.dirs[fi.slots[v]], fj.dirs[fj.slots[w]]
-        key = (id(a), id(b), sl.start, sl.stop, n)
-        if key not in cache:
-            cache[key] = a[sl] @ b.T if n == 1 else mono(v, w, n - 1) * (mono(v, w, 1) / n)
-        return cache[key]
+        key = (id(a), id(b), sl.start, sl.stop)
+        if (*key, 1) not in cache:
+            cache[(*key, 1)] = a[sl] @ b.T
+        for k in range(2, n + 1):
+            if (*key, k) not in cache:
+                cache[(*key, k)] = cache[(*key, k - 1)] * (cache[(*key, 1)] / k)
+        return cache[(*key, n)]
 
     dI = [fi.max_degree(v) for v in range(SI)]
     dJ = [fj.max_degree(w) for w in range(SJ)]
