@@ -39,3 +39,15 @@ def tiny_gpt2(seed: int = 0, dtype=torch.float32):
                                   n_inner=24, activation_function="gelu_new", bos_token_id=tokenizer().cls_token_id,
                                   eos_token_id=tokenizer().sep_token_id)
     return transformers.GPT2LMHeadModel(cfg).to(dtype).eval()
+
+
+def tiny_llama(seed: int = 0, dtype=torch.float32):
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=tokenizer().vocab_size, hidden_size=16, intermediate_size=24,
+                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                   max_position_embeddings=64, hidden_act="silu",
+                                   bos_token_id=tokenizer().cls_token_id, eos_token_id=tokenizer().sep_token_id,
+                                   pad_token_id=tokenizer().pad_token_id)
+    return transformers.LlamaForCausalLM(cfg).to(dtype).eval()

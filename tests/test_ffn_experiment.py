@@ -14,12 +14,12 @@ from mlpinterp.cli.main import app  # noqa: E402
 from mlpinterp.experiments.transformer import run_transformer  # noqa: E402
 from mlpinterp.experiments.transformer_config import TransformerExperiment  # noqa: E402
 from mlpinterp.ffn.config import CaptureConfig, HybridConfig  # noqa: E402
-from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
+from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tiny_llama, tokenizer  # noqa: E402
 
 
 def _saved(tmp_path, family):
     d = tmp_path / family
-    (tiny_bert() if family == "bert" else tiny_gpt2()).save_pretrained(d)
+    {"bert": tiny_bert, "gpt2": tiny_gpt2, "llama": tiny_llama}[family]().save_pretrained(d)
     tokenizer().save_pretrained(d)
     return str(d)
 
@@ -27,9 +27,9 @@ def _saved(tmp_path, family):
 def _exp(model, **kw):
     base = dict(model=model, degrees=(1, 2), capture=CaptureConfig(ctx_len=16, seq_batch=8, max_tokens=1500,
                                                                      keep_fit=1500, passage_chunks=2),
-                mixture_components=2, mixture_fit_samples=500, mixture_samples=3000,
+                mixture_components=2, mixture_fit_samples=500,
                 hybrid=HybridConfig(steps=5, batch_size=64, eval_every=5), splice_sequences=4, n_output_dirs=2,
-                n_eigen=3, mc_samples=2000, run="quick")
+                n_eigen=3, run="quick")
     base.update(kw)
     return TransformerExperiment(**base)
 
@@ -44,7 +44,7 @@ class _Imgs(HTMLParser):
             self.srcs.append(dict(attrs)["src"])
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
 def test_reproduce_transformer_end_to_end(tmp_path, family):
     model = _saved(tmp_path, family)
     out = tmp_path / "run"
@@ -58,9 +58,11 @@ def test_reproduce_transformer_end_to_end(tmp_path, family):
         # degree 1 of the data projection is the OLS baseline: no input model beats it at degree 1 in-sample
         assert lay["models"]["data"]["1"]["under_model"]["fvu"] <= lay["models"]["hybrid"]["1"]["under_model"]["fvu"] + 1e-9
         sp = lay["splice"]
-        assert sp["kind"] == ("lm" if family == "gpt2" else "embedding")
+        assert sp["kind"] == ("embedding" if family == "bert" else "lm")
+        assert all(e["under_model"]["method"].startswith("exact") for m in ("gaussian", "mixture")
+                   for e in lay["models"][m].values())
         assert lay["features"]["eigenvalues"] and lay["recommended"] in lay["models"]
-        if family == "gpt2":
+        if family != "bert":
             assert len(lay["features"]["output_direction_tokens"]) == 2
     text = (out / "report.md").read_text()
     assert "quick run" in text and "reproduced" not in text.replace("not a reproduction", "")

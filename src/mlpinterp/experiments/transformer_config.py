@@ -30,8 +30,6 @@ class TransformerExperiment:
     """K of the Gaussian mixture input model."""
     mixture_fit_samples: int = 20_000
     """Fit tokens the mixture's EM sees (a seeded subsample)."""
-    mixture_samples: int = 100_000
-    """Samples of the fitted mixture used for its degree >= 2 projection when the exact moments are unavailable."""
     val_fraction: float = 0.1
     """Fraction of the kept fit tokens held back for validation (input-model choice, hybrid monitoring)."""
     hybrid: HybridConfig = HybridConfig()
@@ -42,8 +40,6 @@ class TransformerExperiment:
     """Top output directions whose quadratic forms are eigendecomposed."""
     n_eigen: int = 8
     """Eigen-features kept per output direction."""
-    mc_samples: int = 50_000
-    """Monte Carlo samples for FVUs under a model without an exact FVU (mixture, GLU blocks)."""
     saes: tuple[tuple[int, str], ...] = ()
     """``(layer, SAE directory)`` pairs: SAEs trained on that block's input, whose decoder directions are compared with
     the eigen-features (the SAE's recorded hook point must output exactly the block's input; checked)."""
@@ -62,8 +58,7 @@ class TransformerExperiment:
         if self.covariance not in ("empirical", "ledoit-wolf"):
             raise ValueError(f"covariance must be 'empirical' or 'ledoit-wolf', got {self.covariance!r}")
         check_int(self.mixture_components, "mixture_components", minimum=1)
-        for name in ("mixture_fit_samples", "mixture_samples", "splice_sequences", "n_output_dirs", "n_eigen",
-                     "mc_samples"):
+        for name in ("mixture_fit_samples", "splice_sequences", "n_output_dirs", "n_eigen"):
             check_int(getattr(self, name), name, minimum=1)
         if not 0.0 < self.val_fraction < 0.5:
             raise ValueError(f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
@@ -76,7 +71,7 @@ class TransformerExperiment:
     def quick(cls, **kw) -> TransformerExperiment:
         """A pipeline check in a few minutes on a 2-core CPU (fewer tokens, a small mixture, a short fine-tune)."""
         base = dict(capture=CaptureConfig(max_tokens=12_000, keep_fit=12_000), mixture_components=4,
-                    mixture_fit_samples=4_000, mixture_samples=10_000, hybrid=HybridConfig(steps=40, batch_size=512),
-                    splice_sequences=16, mc_samples=10_000, run="quick")
+                    mixture_fit_samples=4_000, hybrid=HybridConfig(steps=40, batch_size=512),
+                    splice_sequences=16, run="quick")
         base.update(kw)
         return cls(**base)
