@@ -174,3 +174,25 @@ def test_two_gloo_processes_project_like_one(tmp_path):
         assert got["n"] == 3000
         np.testing.assert_allclose(got["B"], ro.coefficients_matrix(), rtol=1e-8, atol=1e-10)
         assert got["fvu"] == pytest.approx(info["fvu"], rel=1e-9)
+
+
+def test_validation_ridge_guards_against_overfitting():
+    # few samples per feature: the smallest ridge overfits; the validation choice is never worse on held-back data
+    rng = np.random.default_rng(7)
+    net, g = _nets(rng)["glu"], _gaussian(rng)
+    basis = RidgeBasis.from_closed_form(mi.fit_polynomial(net, g, 3), g)
+    n_feat = basis.n_features(3)
+    X = g.sample(3 * n_feat, rng) + 0.5 * rng.standard_t(2, size=(3 * n_feat, D))
+    Xv = g.sample(4000, rng) + 0.5 * rng.standard_t(2, size=(4000, D))
+    auto = project_on_data(net, basis, X, [2, 3], ridge="validation", X_val=Xv)
+    for d in (2, 3):
+        info = auto[d][1]
+        assert info["fvu_val"] == min(e["fvu_val"] for e in info["ridge_path"])
+        tiny = next(e for e in info["ridge_path"] if e["ridge"] == min(e["ridge"] for e in info["ridge_path"]))
+        Y = net(Xv)
+        direct = ((auto[d][0](Xv) - Y) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum()
+        assert direct == pytest.approx(info["fvu_val"], rel=1e-9) and info["fvu_val"] <= tiny["fvu_val"]
+    with pytest.raises(ValueError, match="needs X_val"):
+        project_on_data(net, basis, X, [2], ridge="validation")
+    with pytest.raises(ValueError, match="'validation'"):
+        project_on_data(net, basis, X, [2], ridge="auto")

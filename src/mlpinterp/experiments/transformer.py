@@ -67,6 +67,33 @@ def _load_capture(path: Path) -> Capture:
 # ------------------------------------------------------------------------------------------------ one block
 
 
+class _Clock:
+    """Wall and CPU seconds per named step (``with clock("data"): ...``); ``total(name)`` since creation."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._t0 = (time.perf_counter(), time.process_time())
+
+    def total(self, name: str) -> None:
+        self.wall[name] = time.perf_counter() - self._t0[0]
+        self.cpu[name] = time.process_time() - self._t0[1]
+
+    def __call__(self, name: str):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def span():
+            w, c = time.perf_counter(), time.process_time()
+            try:
+                yield
+            finally:
+                self.wall[name] = time.perf_counter() - w
+                self.cpu[name] = time.process_time() - c
+
+        return span()
+
+
 def _heldout_metrics(Y: np.ndarray, P: np.ndarray) -> dict:
     from mlpinterp.poly.metrics import fvu_from_outputs
 
@@ -90,25 +117,26 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
     from mlpinterp.ffn.readout import Readout, RidgeBasis
     from mlpinterp.networks import MLP
 
-    t_block = time.perf_counter()
+    clock = _Clock()
     X_all = block.fit.double().numpy()
-    n_val = max(1, int(round(exp.val_fraction * X_all.shape[0])))
-    X_fit, X_val = X_all[:-n_val], X_all[-n_val:]
+    n_val = max(2, int(round(exp.val_fraction * X_all.shape[0])))
+    # held back from fitting: one half picks the data projection's ridge, the other the recommended input model
+    X_fit, X_tune, X_val = X_all[:-n_val], X_all[-n_val:-n_val // 2], X_all[-n_val // 2:]
     X_held = block.heldout.double().numpy()
     Y_val, Y_held = network(X_val), network(X_held)
     degrees = sorted(set(exp.degrees))
-    res: dict = {"n_fit_tokens": block.moments.n, "n_kept": int(X_fit.shape[0]), "n_val": n_val,
-                 "n_heldout": int(X_held.shape[0]), "models": {}, "timing_s": {}}
+    res: dict = {"n_fit_tokens": block.moments.n, "n_kept": int(X_fit.shape[0]), "n_tune": int(X_tune.shape[0]),
+                 "n_val": int(X_val.shape[0]), "n_heldout": int(X_held.shape[0]), "models": {}, "timing_s": clock.wall,
+                 "cpu_s": clock.cpu}
     approx: dict = {}
     W = network.W1 if isinstance(network, MLP) else network.W
     b = network.b1 if isinstance(network, MLP) else network.b
     res["diagnostics"] = gaussianity(X_fit, W, b, seed=exp.seed)
 
-    t0 = time.perf_counter()
-    g = fit_gaussian(block.moments, exp.covariance, X_fit[:20_000])
-    closed = {n: mi.fit_polynomial(network, g, n) for n in degrees}
-    basis = RidgeBasis.from_closed_form(closed[degrees[-1]], g)
-    res["timing_s"]["gaussian_fit"] = time.perf_counter() - t0
+    with clock("gaussian_fit"):
+        g = fit_gaussian(block.moments, exp.covariance, X_fit[:20_000])
+        closed = {n: mi.fit_polynomial(network, g, n) for n in degrees}
+        basis = RidgeBasis.from_closed_form(closed[degrees[-1]], g)
 
     def record(model: str, n: int, p, under: dict | None) -> None:
         approx[(model, n)] = p
@@ -117,58 +145,56 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
         res["models"].setdefault(model, {})[str(n)] = entry
 
     if "gaussian" in exp.input_models:
-        t0 = time.perf_counter()
-        for n in degrees:
-            if isinstance(network, MLP):  # exact FVU from bivariate Gaussian integrals
-                r = mi.fvu(network, closed[n], g)
-                under = {"fvu": r.fvu, "se": None, "method": "exact"}
-            else:  # GLU: the projection under the Gaussian *is* the closed form; its exact in-model FVU
-                info = solve_projection(mixture_normal_equations(network, basis, g, n), basis)[1]
-                under = {"fvu": info["fvu"], "se": None, "method": "exact (Gaussian moments)"}
-            record("gaussian", n, closed[n], under)
-        res["timing_s"]["gaussian"] = time.perf_counter() - t0 + res["timing_s"]["gaussian_fit"]
+        with clock("gaussian"):
+            for n in degrees:
+                if isinstance(network, MLP):  # exact FVU from bivariate Gaussian integrals
+                    r = mi.fvu(network, closed[n], g)
+                    under = {"fvu": r.fvu, "se": None, "method": "exact"}
+                else:  # GLU: the projection under the Gaussian *is* the closed form; its exact in-model FVU
+                    info = solve_projection(mixture_normal_equations(network, basis, g, n), basis)[1]
+                    under = {"fvu": info["fvu"], "se": None, "method": "exact (Gaussian moments)"}
+                record("gaussian", n, closed[n], under)
 
     if "data" in exp.input_models:
-        t0 = time.perf_counter()
-        proj = project_on_data(network, basis, X_fit, degrees)
-        for n in degrees:
-            ro, info = proj[n]
-            p = ro.to_polynomial(info={"input_model": "data", **info})
-            record("data", n, p, {"fvu": info["fvu"], "se": None, "method": "in-sample (fit tokens)"})
-        res["timing_s"]["data"] = time.perf_counter() - t0
+        with clock("data"):
+            proj = project_on_data(network, basis, X_fit, degrees, ridge="validation", X_val=X_tune)
+            for n in degrees:
+                ro, info = proj[n]
+                p = ro.to_polynomial(info={"input_model": "data", **info})
+                record("data", n, p, {"fvu": info["fvu"], "se": None, "method": "in-sample (fit tokens)",
+                                      "ridge": info["ridge"]})
 
     if "mixture" in exp.input_models:
-        t0 = time.perf_counter()
-        mix, mix_info = fit_mixture(X_fit, exp.mixture_components, exp.mixture_fit_samples, exp.seed)
-        res["mixture"] = {"K": mix.K, **mix_info, "seconds_em": time.perf_counter() - t0}
-        # exact expectations under the mixture: degree 1 is the exact affine optimum (= law of total covariance),
-        # degrees >= 2 the ridge-family optimum; the solve's FVU is the exact FVU under the mixture
-        neq = mixture_normal_equations(network, basis, mix, degrees[-1])
-        for n in degrees:
-            ro, info = solve_projection(neq.leading(n, basis), basis)
-            p = ro.to_polynomial(info={"input_model": "mixture", **info})
-            record("mixture", n, p, {"fvu": info["fvu"], "se": None,
-                                     "method": "exact (mixture moments)" if n > 1 else "exact (affine optimum)"})
-        res["timing_s"]["mixture"] = time.perf_counter() - t0
+        with clock("mixture"):
+            with clock("mixture_em"):
+                mix, mix_info = fit_mixture(X_fit, exp.mixture_components, exp.mixture_fit_samples, exp.seed)
+            res["mixture"] = {"K": mix.K, **mix_info}
+            # exact expectations under the mixture: degree 1 is the exact affine optimum (= law of total covariance),
+            # degrees >= 2 the ridge-family optimum; the solve's FVU is the exact FVU under the mixture
+            neq = mixture_normal_equations(network, basis, mix, degrees[-1])
+            for n in degrees:
+                ro, info = solve_projection(neq.leading(n, basis), basis)
+                p = ro.to_polynomial(info={"input_model": "mixture", **info})
+                record("mixture", n, p, {"fvu": info["fvu"], "se": None,
+                                         "method": "exact (mixture moments)" if n > 1 else "exact (affine optimum)"})
 
     if "hybrid" in exp.input_models:
-        t0 = time.perf_counter()
-        res["hybrid_history"] = {}
-        for n in degrees:
-            start = Readout.from_closed_form(closed[n], RidgeBasis.from_closed_form(closed[n], g))
-            hr = finetune(network, start, X_fit, replace(exp.hybrid, seed=exp.seed), X_val=X_val, quiet=quiet,
-                          desc=f"hybrid degree {n}")
-            res["hybrid_history"][str(n)] = hr.history
-            p = hr.readout.to_polynomial(info={"input_model": "hybrid"})
-            Y_fit_sub = network(X_fit[:20_000])
-            r = _heldout_metrics(Y_fit_sub, p(X_fit[:20_000]))
-            record("hybrid", n, p, {"fvu": r["fvu"], "se": r["fvu_se"], "method": "in-sample (fit tokens)"})
-        res["timing_s"]["hybrid"] = time.perf_counter() - t0
+        with clock("hybrid"):
+            res["hybrid_history"] = {}
+            for n in degrees:
+                start = Readout.from_closed_form(closed[n], RidgeBasis.from_closed_form(closed[n], g))
+                hr = finetune(network, start, X_fit, replace(exp.hybrid, seed=exp.seed), X_val=X_val, quiet=quiet,
+                              desc=f"hybrid degree {n}")
+                res["hybrid_history"][str(n)] = hr.history
+                p = hr.readout.to_polynomial(info={"input_model": "hybrid"})
+                Y_fit_sub = network(X_fit[:20_000])
+                r = _heldout_metrics(Y_fit_sub, p(X_fit[:20_000]))
+                record("hybrid", n, p, {"fvu": r["fvu"], "se": r["fvu_se"], "method": "in-sample (fit tokens)"})
 
     # the input model recommended for this block: lowest validation FVU at the highest degree (never the held-out)
     top = str(degrees[-1])
     res["recommended"] = min(res["models"], key=lambda m: res["models"][m][top]["val_fvu"])
-    res["timing_s"]["block"] = time.perf_counter() - t_block
+    clock.total("block")
     return res, approx
 
 

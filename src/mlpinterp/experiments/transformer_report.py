@@ -265,9 +265,12 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
                     "max excess kurtosis (top-10 PCs)"], rows), ""]
 
     # timing
-    rows = [[lay["layer"]] + [fmt_value(lay["timing_s"].get(k), ".1f") for k in ("gaussian", "data", "mixture",
-                                                                              "hybrid", "block")] for lay in layers]
-    L += ["## Timing (s)", "", md_table(["block", "gaussian", "data", "mixture", "hybrid", "whole block"], rows), ""]
+    steps = ("gaussian_fit", "gaussian", "data", "mixture", "hybrid", "block")
+    rows = [[lay["layer"]] + [f"{fmt_value(lay['timing_s'].get(k), '.1f')} ({fmt_value(lay.get('cpu_s', {}).get(k), '.1f')})"
+                              for k in steps] for lay in layers]
+    L += ["## Timing", "", "Wall seconds (CPU seconds of this process in brackets; CPU above wall means several threads, "
+          "wall far above CPU means other jobs shared the machine).", "",
+          md_table(["block", "Gaussian fit", "Gaussian FVUs", "data", "mixture", "hybrid", "whole block"], rows), ""]
     L += ["## Figures", ""] + [figure(p, alt) + "\n" for p, alt in figs]
     return "\n".join(L)
 

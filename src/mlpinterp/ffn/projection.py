@@ -27,6 +27,9 @@ from mlpinterp.utils.validation import check_int, check_real
 #: far below the noise level of 10^4-10^5 tokens.
 DEFAULT_RIDGE = 1e-8
 
+#: Relative ridges tried by ``ridge="validation"`` (the one with the lowest FVU on held-back samples is kept).
+RIDGE_GRID = (1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1)
+
 
 @dataclass
 class NormalEquations:
@@ -118,13 +121,41 @@ def solve_projection(neq: NormalEquations, basis: RidgeBasis, *, ridge: float = 
     return Readout.from_coefficients(basis, B, neq.degree), {"fvu": max(sse, 0.0) / sst, "lam": lam, "n": neq.n}
 
 
-def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: float = DEFAULT_RIDGE,
-                    chunk: int = 4096) -> dict[int, tuple[Readout, dict]]:
+def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: float | str = DEFAULT_RIDGE,
+                    X_val=None, chunk: int = 4096) -> dict[int, tuple[Readout, dict]]:
     """The data projections of every degree in ``degrees`` from one pass over ``X``: ``{degree: (readout, info)}``.
 
+    ``ridge``: a relative ridge (see :func:`solve_projection`), or ``"validation"``: for each degree the ridge of
+    :data:`RIDGE_GRID` with the lowest FVU on ``X_val`` (samples not in ``X``; required then), reported as
+    ``info["ridge"]`` with the grid's validation FVUs in ``info["ridge_path"]``. With 10^4 tokens and 3,457
+    features per output (MiniLM, degree 3) the unregularised fit overfits; the validation choice guards it.
     Under ``torch.distributed`` the normal equations are all-reduced before solving (each process passes its own
-    share of the samples).
+    share of the samples; ``X_val`` is used as given on each process).
+
+    Raises ``ValueError`` for ``ridge="validation"`` without ``X_val`` or an unknown ``ridge``.
     """
     degrees = sorted({check_int(d, "degree", minimum=1) for d in degrees})
+    if isinstance(ridge, str):
+        if ridge != "validation":
+            raise ValueError(f"ridge must be a number >= 0 or 'validation', got {ridge!r}")
+        if X_val is None:
+            raise ValueError("ridge='validation' needs X_val (samples held back from X)")
     neq = normal_equations(network, basis, X, degrees[-1], chunk=chunk).all_reduce()
-    return {d: solve_projection(neq.leading(d, basis), basis, ridge=ridge) for d in degrees}
+    if not isinstance(ridge, str):
+        return {d: solve_projection(neq.leading(d, basis), basis, ridge=ridge) for d in degrees}
+    X_val = np.asarray(X_val.numpy() if hasattr(X_val, "numpy") else X_val, dtype=np.float64)
+    Phi_val, Y_val = basis.features(X_val, degrees[-1]), network(X_val)
+    sst = float(((Y_val - Y_val.mean(0)) ** 2).sum())
+    out = {}
+    for d in degrees:
+        p = basis.n_features(d)
+        path, best = [], None
+        for r in RIDGE_GRID:
+            ro, info = solve_projection(neq.leading(d, basis), basis, ridge=r)
+            fvu_val = float(((Phi_val[:, :p] @ ro.coefficients_matrix() - Y_val) ** 2).sum()) / sst
+            path.append({"ridge": r, "fvu_val": fvu_val})
+            if best is None or fvu_val < best[2]:
+                best = (ro, info, fvu_val, r)
+        ro, info, fvu_val, r = best
+        out[d] = (ro, {**info, "ridge": r, "fvu_val": fvu_val, "ridge_path": path})
+    return out
