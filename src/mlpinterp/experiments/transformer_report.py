@@ -159,6 +159,7 @@ def _fvu(v: dict | None) -> str:
 
 
 def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
+    fig = {Path(path).stem: figure(path, alt) for path, alt in figs}
     cfg = results["config"]
     run = cfg["run"]
     degrees, models = cfg["degrees"], cfg["input_models"]
@@ -191,12 +192,15 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
                      verdict(None if best2 is None or ols is None else best2 < ols,
                              f"{fmt_value(best2)} vs OLS {fmt_value(ols)}", run=run, failed="worse than baseline"),
                      verdict(ok_mono, " -> ".join(fmt_value(v) for v in mono), run=run, failed="not reproduced"),
-                     verdict(None if cos2 is None else cos2 >= 0.95, f"cosine {fmt_value(cos2)}", run=run)
+                     verdict(None if cos2 is None else cos2 >= 0.95,
+                             f"cosine {fmt_value(cos2, '.4f')} (zero ablation {fmt_value(lay['splice']['zero']['cos'], '.4f')}"
+                             f", mean ablation {fmt_value(lay['splice']['mean']['cos'], '.4f')})", run=run)
                      if kind == "embedding" else "—"])
     L += ["## Goals", "",
           md_table(["block", "recommended input model (validation)", "linear OLS held-out FVU",
                     "best degree-2 held-out FVU", "degree 2 beats OLS", "degree n+1 never worse (recommended)",
-                    "degree-2 splice keeps embedding cosine >= 0.95"], rows), ""]
+                    "degree-2 splice keeps embedding cosine >= 0.95"], rows), "",
+          fig["fvu_vs_layer"], "", fig["splice"], "", fig["model_vs_data"], ""]
 
     # per-layer tables
     L += ["## Per block", ""]
@@ -262,7 +266,9 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
           "fraction 0 (Sarle's coefficient > 5/9).", "",
           md_table(["block", "pre-activation tail fraction", "median neuron excess kurtosis",
                     "median W1 to N(0,1)", "bimodal neurons", "outlier dims", "variance in outlier dims",
-                    "max excess kurtosis (top-10 PCs)"], rows), ""]
+                    "max excess kurtosis (top-10 PCs)"], rows), "", fig["diagnostics"], ""]
+    if "features" in fig:
+        L += ["## Eigen-features", "", fig["features"], ""]
 
     # timing
     steps = ("gaussian_fit", "gaussian", "data", "mixture", "hybrid", "block")
@@ -271,7 +277,6 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
     L += ["## Timing", "", "Wall seconds (CPU seconds of this process in brackets; CPU above wall means several threads, "
           "wall far above CPU means other jobs shared the machine).", "",
           md_table(["block", "Gaussian fit", "Gaussian FVUs", "data", "mixture", "hybrid", "whole block"], rows), ""]
-    L += ["## Figures", ""] + [figure(p, alt) + "\n" for p, alt in figs]
     return "\n".join(L)
 
 
