@@ -4,7 +4,6 @@ passage, 2 gloo processes give the moments of one, and bad input is a clear erro
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from mlpinterp.ffn.capture import Moments, capture_ffn_inputs, split_passages  #
 from mlpinterp.ffn.config import CaptureConfig  # noqa: E402
 from mlpinterp.lm.hooks import hook_activations  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
+from tests.gloo import run_forked  # noqa: E402
 
 CFG = CaptureConfig(ctx_len=16, seq_batch=4, max_tokens=600, passage_chunks=2, heldout_fraction=0.25)
 
@@ -105,19 +105,10 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_gloo_processes_give_the_moments_of_one(tmp_path):
-    import torch.multiprocessing as mp
-
     tokenizer()  # load before forking
     single = capture_ffn_inputs(tiny_bert(), tokenizer(), {"l1": "encoder.layer.1.intermediate.dense"}, CFG, TEXTS,
                                 quiet=True).blocks["l1"].moments
-    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the 2-process gloo capture did not finish within 120 s")
+    run_forked(_worker, (2, str(tmp_path / "init"), str(tmp_path)), what="the 2-process gloo capture")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert sum(r["local"] for r in ranks) >= single.n  # each process read its share (fit + held-out)
     for r in ranks:

@@ -8,7 +8,6 @@ sums, and two gloo processes against one.
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from numpy.polynomial.hermite_e import hermeval
 import mlpinterp as mi
 from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
 from mlpinterp.ffn.readout import Readout, RidgeBasis
+from tests.gloo import run_forked
 
 D, H, O = 5, 7, 3
 
@@ -154,21 +154,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, X, net, basis) 
 
 
 def test_two_gloo_processes_project_like_one(tmp_path):
-    import torch.multiprocessing as mp
-
     rng = np.random.default_rng(6)
     net, g = _nets(rng)["glu"], _gaussian(rng)
     basis = RidgeBasis.from_closed_form(mi.fit_polynomial(net, g, 2), g)
     X = g.sample(3000, rng)
     ro, info = project_on_data(net, basis, X, [2])[2]
-    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), X, net, basis), nprocs=2,
-                             join=False, start_method="fork")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the 2-process gloo projection did not finish within 120 s")
+    run_forked(_worker, (2, str(tmp_path / "init"), str(tmp_path), X, net, basis), what="the 2-process gloo projection")
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["n"] == 3000

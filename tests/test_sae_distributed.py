@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mlpinterp.sae.mfr import Distributed, MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
+from tests.gloo import run_forked
 
 STEPS = 6
 
@@ -57,14 +56,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     single = _run("none")
     # fork: the children reuse the parent's imports (spawn would re-import torch, several seconds each);
     # each child sets one thread before any tensor op. A deadline turns a hang into a failure.
-    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the 2-process gloo run did not finish within 120 s")
+    run_forked(_worker, (2, str(tmp_path / "init"), str(tmp_path)), what="the 2-process gloo run")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert single["reinit"], "the run should exercise re-initialisation"
     for mode in ("ddp", "ensemble"):
