@@ -47,6 +47,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         text: Path = typer.Option(None, help="Text file or directory of *.txt (default: ../shared/data/text)."),
         max_tokens: int = typer.Option(0, min=0, help=f"Content tokens to read (0: {default.capture.max_tokens:,}; "
                                        f"quick: {quick_cfg.capture.max_tokens:,})."),
+        ctx_len: int = typer.Option(0, min=0, help=f"Tokens per sequence, special tokens included (0: "
+                                    f"{default.capture.ctx_len}); at most the model's positions."),
         covariance: str = typer.Option(default.covariance, help="Gaussian input model: empirical | ledoit-wolf."),
         mixture_components: int = typer.Option(0, min=0, help=f"K of the mixture (0: {default.mixture_components}; "
                                                f"quick: {quick_cfg.mixture_components})."),
@@ -80,6 +82,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             if max_tokens:
                 exp = replace(exp, capture=replace(exp.capture, max_tokens=max_tokens,
                                                    keep_fit=min(exp.capture.keep_fit, max_tokens)))
+            if ctx_len:
+                exp = replace(exp, capture=replace(exp.capture, ctx_len=ctx_len))
             if mixture_components:
                 exp = replace(exp, mixture_components=mixture_components)
             if hybrid_steps:

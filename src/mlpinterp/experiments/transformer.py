@@ -37,7 +37,7 @@ import torch
 
 from mlpinterp.experiments.transformer_config import TransformerExperiment
 from mlpinterp.ffn.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
-from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 
 # ------------------------------------------------------------------------------------------------ capture cache
 
@@ -53,15 +53,65 @@ def _save_capture(path: Path, cap: Capture) -> None:
     save_tensors(path, tensors, meta)
 
 
-def _load_capture(path: Path) -> Capture:
-    t, meta = load_tensors(path)
-    blocks = {}
-    for i, b in enumerate(meta["blocks"]):
-        m = Moments(int(b["n"]), t[f"b{i}.s1"].numpy(), t[f"b{i}.s2"].numpy())
-        blocks[b["path"]] = BlockCapture(fit=t[f"b{i}.fit"], heldout=t[f"b{i}.heldout"], moments=m)
-    return Capture(blocks=blocks, fit_ids=t["fit_ids"], heldout_ids=t["heldout_ids"],
-                   n_fit_tokens=int(meta["n_fit_tokens"]), n_heldout_tokens=int(meta["n_heldout_tokens"]),
-                   seconds=float(meta["seconds"]), info=meta.get("info", {}))
+def _load_capture(path: Path, d_in: dict[str, int], ctx_len: int) -> Capture:
+    """The capture saved at ``path``, checked against the blocks analysed (``d_in`` per FFN path) and ``ctx_len``.
+
+    Raises ``ValueError`` naming the file for a corrupt or truncated file, missing entries or shapes that do not
+    fit the blocks (a capture of another model or configuration).
+    """
+    fix = f"delete {path.name} and {path.with_suffix('.json').name} in {str(path.parent)!r} to capture again"
+    try:
+        t, meta = load_tensors(path)
+    except ValueError as e:  # corrupt or truncated (not from an interrupted run: the files are written atomically)
+        raise ValueError(f"{e}; {fix}") from e
+    try:
+        blocks = {}
+        for i, b in enumerate(meta["blocks"]):
+            m = Moments(int(b["n"]), t[f"b{i}.s1"].numpy(), t[f"b{i}.s2"].numpy())
+            blocks[b["path"]] = BlockCapture(fit=t[f"b{i}.fit"], heldout=t[f"b{i}.heldout"], moments=m)
+        cap = Capture(blocks=blocks, fit_ids=t["fit_ids"], heldout_ids=t["heldout_ids"],
+                      n_fit_tokens=int(meta["n_fit_tokens"]), n_heldout_tokens=int(meta["n_heldout_tokens"]),
+                      seconds=float(meta["seconds"]), info=meta.get("info", {}))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"capture {str(path)!r} is incomplete or corrupt ({type(e).__name__}: {e}); {fix}") from e
+    missing = sorted(set(d_in) - set(cap.blocks))
+    if missing:
+        raise ValueError(f"capture {str(path)!r} holds no activations of the block(s) {missing}; {fix}")
+    for p, d in d_in.items():
+        b = cap.blocks[p]
+        shapes = [tuple(b.fit.shape), tuple(b.heldout.shape), tuple(b.moments.s1.shape)]
+        if b.fit.ndim != 2 or b.heldout.ndim != 2 or b.fit.shape[1] != d or b.heldout.shape[1] != d or \
+                b.moments.s1.shape[0] != d or not bool(torch.isfinite(b.fit).all() and torch.isfinite(b.heldout).all()):
+            raise ValueError(f"capture {str(path)!r}: the activations of block {p!r} (shapes {shapes}) are not finite "
+                             f"[n, d_in={d}] inputs of that block; {fix}")
+    for name, ids in (("fit_ids", cap.fit_ids), ("heldout_ids", cap.heldout_ids)):
+        if ids.ndim != 2 or ids.shape[1] != ctx_len or ids.is_floating_point():
+            raise ValueError(f"capture {str(path)!r}: {name} {list(ids.shape)} are not token sequences of ctx_len="
+                             f"{ctx_len}; {fix}")
+    return cap
+
+
+def _check_inputs(out: Path, model_digest: str, text_digest: str) -> None:
+    """Refuse a run directory whose cached activations and results came from other weights or another text.
+
+    ``inputs.json`` records the digests of the model's weights and of the corpus the first time; a resumed run
+    must match them (the configuration alone does not say which weights a model path held, nor which text).
+    """
+    path = out / "inputs.json"
+    now = {"model_digest": model_digest, "text_digest": text_digest}
+    if path.exists():
+        old = read_json(path, what="run inputs")
+        diff = sorted(k.removesuffix("_digest") for k in now if old.get(k) != now[k])
+        if diff:
+            raise ValueError(f"{str(out)!r} holds a run made from another {' and another '.join(diff)} (the "
+                             f"{'weights at the model path' if 'model' in diff else 'text'} changed since); use a new "
+                             "--out or delete the directory")
+        return
+    cached = [n for n in ("capture.safetensors", "layers") if (out / n).exists()]
+    if cached:
+        raise ValueError(f"{str(out)!r} holds {', '.join(cached)} but no inputs.json, so it cannot be checked that they "
+                         "came from this model and text; use a new --out or delete the directory")
+    atomic_write_json(path, now)
 
 
 # ------------------------------------------------------------------------------------------------ one block
@@ -205,7 +255,7 @@ def _check_config(out: Path, exp: TransformerExperiment) -> None:
     cfg_path = out / "config.json"
     cfg = json.loads(json.dumps(asdict(exp)))
     if cfg_path.exists():
-        old = json.loads(cfg_path.read_text())
+        old = read_json(cfg_path, what="run configuration")
         if old != cfg:
             diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
             raise ValueError(f"{str(out)!r} holds a run with another configuration (differs in {diff}); use a new "
@@ -219,7 +269,8 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
     from mlpinterp.experiments.transformer_report import write_transformer_report
     from mlpinterp.ffn.blocks import ffn_paths, ffn_site
-    from mlpinterp.lm.models import load_model
+    from mlpinterp.lm.models import load_model, model_digest
+    from mlpinterp.lm.text import read_texts, texts_digest
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,10 +286,12 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     if set(saes) - set(idx):
         raise ValueError(f"SAEs given for layers {sorted(set(saes) - set(idx))}, which are not analysed ({idx})")
     sites = {paths[i]: ffn_site(model, paths[i]) for i in idx}
+    texts = read_texts() if texts is None else texts
+    _check_inputs(out, model_digest(model), texts_digest(texts))
     cap_path = out / "capture.safetensors"
-    if cap_path.exists():
-        cap = _load_capture(cap_path)
-    else:
+    if cap_path.exists() and cap_path.with_suffix(".json").exists():  # both written: a complete capture
+        cap = _load_capture(cap_path, {p: s.network.d_in for p, s in sites.items()}, exp.capture.ctx_len)
+    else:  # none, or interrupted between the tensors and their metadata: capture (again)
         cap = capture_ffn_inputs(model, tok, {p: s.input_module for p, s in sites.items()},
                                  replace(exp.capture, seed=exp.seed), texts, quiet=quiet)
         _save_capture(cap_path, cap)
@@ -246,7 +299,7 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     for i, (path, site) in zip(idx, sites.items(), strict=True):
         done = out / "layers" / f"{i}.json"
         if done.exists():
-            layers.append(json.loads(done.read_text()))
+            layers.append(read_json(done, what="finished block"))
             continue
         res, approx = analyse_block(site.network, cap.blocks[path], exp, quiet=quiet)
         res.update({"layer": i, "path": path, "family": site.family, "network": repr(site.network)})

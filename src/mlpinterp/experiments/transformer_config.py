@@ -50,13 +50,23 @@ class TransformerExperiment:
 
     def __post_init__(self) -> None:
         bad = [m for m in self.input_models if m not in INPUT_MODELS]
-        if bad or not self.input_models:
-            raise ValueError(f"input_models must be a non-empty subset of {INPUT_MODELS}, got {self.input_models}")
+        if bad or not self.input_models or len(set(self.input_models)) != len(self.input_models):
+            raise ValueError(f"input_models must be a non-empty subset of {INPUT_MODELS} (each once), got "
+                             f"{self.input_models}")
         if not self.degrees or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 5
-                                   for d in self.degrees):
-            raise ValueError(f"degrees must be integers in 1..5, got {self.degrees}")
+                                   for d in self.degrees) or len(set(self.degrees)) != len(self.degrees):
+            raise ValueError(f"degrees must be distinct integers in 1..5, got {self.degrees}")
         if self.covariance not in ("empirical", "ledoit-wolf"):
             raise ValueError(f"covariance must be 'empirical' or 'ledoit-wolf', got {self.covariance!r}")
+        if self.layers is not None:
+            if not isinstance(self.layers, tuple) or not self.layers or \
+                    any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.layers) or \
+                    len(set(self.layers)) != len(self.layers):
+                raise ValueError(f"layers must be None (all blocks) or a non-empty tuple of distinct block indices "
+                                 f">= 0, got {self.layers!r}")
+        if not isinstance(self.capture, CaptureConfig) or not isinstance(self.hybrid, HybridConfig):
+            raise TypeError(f"capture must be a CaptureConfig and hybrid a HybridConfig, got "
+                            f"{type(self.capture).__name__}, {type(self.hybrid).__name__}")
         check_int(self.mixture_components, "mixture_components", minimum=1)
         for name in ("mixture_fit_samples", "splice_sequences", "n_output_dirs", "n_eigen"):
             check_int(getattr(self, name), name, minimum=1)

@@ -27,8 +27,18 @@ import torch
 from torch import Tensor, nn
 
 from mlpinterp.ffn.config import CaptureConfig
-from mlpinterp.lm.hooks import resolve_hook_point
-from mlpinterp.lm.text import read_texts, token_chunks
+from mlpinterp.lm.hooks import eval_mode, resolve_hook_point
+from mlpinterp.lm.text import content_length, read_texts, token_chunks
+from mlpinterp.utils.validation import (
+    check_instance,
+    check_int,
+    check_module,
+    check_shape,
+    check_texts,
+    max_positions,
+    to_numpy,
+    vocab_size,
+)
 
 
 @dataclass
@@ -36,18 +46,34 @@ class Moments:
     """Float64 sums of the fit activations of one block: ``n``, ``s1 = sum x [d]``, ``s2 = sum x x^T [d, d]``.
 
     Sums (not means) so that captures on several processes combine exactly (:meth:`all_reduce`).
+    Raises ``TypeError``/``ValueError`` for a negative or non-int ``n``, non-finite sums or shapes other than
+    ``s1 [d >= 1]``, ``s2 [d, d]``.
     """
 
     n: int
     s1: np.ndarray
     s2: np.ndarray
 
+    def __post_init__(self) -> None:
+        self.n = check_int(self.n, "n", minimum=0)
+        self.s1 = to_numpy(self.s1, "s1")
+        if self.s1.ndim != 1 or self.s1.shape[0] < 1:
+            raise ValueError(f"s1 must have shape [d >= 1], got {list(self.s1.shape)}")
+        d = self.s1.shape[0]
+        self.s2 = check_shape(to_numpy(self.s2, "s2"), "s2", (d, d))
+
     @classmethod
     def zeros(cls, d: int) -> Moments:
+        """Empty sums of dimension ``d >= 1``."""
+        d = check_int(d, "d", minimum=1)
         return cls(0, np.zeros(d), np.zeros((d, d)))
 
-    def add(self, X: np.ndarray) -> None:
-        """Accumulate a batch ``X [m, d]`` (float64)."""
+    def add(self, X) -> None:
+        """Accumulate a batch ``X [m, d]`` (numpy or torch, any real dtype; summed in float64).
+
+        Raises ``TypeError``/``ValueError`` naming ``X`` for a non-numeric, non-finite or mis-shaped batch.
+        """
+        X = check_shape(to_numpy(X, "X"), "X", (None, self.s1.shape[0]))
         self.n += X.shape[0]
         self.s1 += X.sum(0)
         self.s2 += X.T @ X
@@ -66,7 +92,9 @@ class Moments:
 
     @property
     def mean(self) -> np.ndarray:
-        """``[d]``."""
+        """``[d]`` (raises ``ValueError`` when no token was added)."""
+        if self.n < 1:
+            raise ValueError("the mean of the FFN inputs needs at least 1 fit token, got 0")
         return self.s1 / self.n
 
     def cov(self) -> np.ndarray:
@@ -152,6 +180,51 @@ def split_passages(n_chunks: int, file_of_chunk: np.ndarray, cfg: CaptureConfig)
     return np.concatenate(fit), np.concatenate(held)
 
 
+def _ffn_input_modules(model) -> list[str]:
+    """The input module (first projection) of every FFN block of ``model``, for messages."""
+    from mlpinterp.ffn.blocks import ffn_paths
+    from mlpinterp.ffn.layouts import match_layout
+
+    out = []
+    for p in ffn_paths(model):
+        layout = match_layout(model.get_submodule(p))
+        out.append(f"{p}.{layout.projections[0]}")
+    return out
+
+
+def _input_module(model: nn.Module, path, module_path) -> nn.Module:
+    """The module at ``module_path``, which must be a projection (``nn.Linear`` / ``Conv1D``: a 2-D weight): the
+    first projection of an FFN block receives exactly the block's input."""
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"input_modules keys must be non-empty FFN paths (str), got {path!r}")
+    if not isinstance(module_path, str) or not module_path:
+        raise TypeError(f"input_modules[{path!r}] must be a module path (str) such as FFNSite.input_module, got "
+                        f"{module_path!r}")
+    mod = resolve_hook_point(model, module_path)
+    w = getattr(mod, "weight", None)
+    if not (isinstance(w, Tensor) and w.ndim == 2 and w.is_floating_point()) or isinstance(mod, nn.Embedding):
+        found = _ffn_input_modules(model)
+        shown = ", ".join(found[:4]) + (f", ... ({len(found)} blocks)" if len(found) > 4 else "") if found else "none found"
+        raise ValueError(f"input_modules[{path!r}] = {module_path!r} is a {type(mod).__name__}, not the first "
+                         "projection of an FFN block (an nn.Linear / Conv1D whose input is the block's input; pass "
+                         f"FFNSite.input_module); FFN input modules of this {type(model).__name__}: {shown}")
+    return mod
+
+
+def _as_token_major(x: Tensor, ids: Tensor, path: str, module_path: str) -> Tensor:
+    """``x`` as ``[batch, seq, d]`` aligned with ``ids [batch, seq]`` (OPT flattens to ``[batch * seq, d]``)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"the input of {module_path!r} (FFN block {path!r}) is not a floating-point tensor "
+                         f"({getattr(x, 'dtype', type(x).__name__)})")
+    if x.ndim >= 2 and tuple(x.shape[:-1]) == tuple(ids.shape):
+        return x
+    if x.ndim == 2 and x.shape[0] == ids.numel():
+        return x.reshape(*ids.shape, x.shape[-1])
+    raise ValueError(f"the input of {module_path!r} (FFN block {path!r}) has shape {list(x.shape)}, not one vector "
+                     f"per token of the batch {list(ids.shape)} ([batch, seq, d] or [batch * seq, d]): it is not "
+                     "an FFN block's input (a pooler or a head?)")
+
+
 def _content_mask(ids: Tensor, special: Tensor, exclude_special: bool) -> Tensor:
     return ~torch.isin(ids, special) if exclude_special else torch.ones_like(ids, dtype=torch.bool)
 
@@ -163,7 +236,8 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
 
     Parameters
     ----------
-    model : a Hugging Face model (called as ``model(input_ids=..., attention_mask=...)``), in eval mode.
+    model : a Hugging Face model (called as ``model(input_ids=..., attention_mask=...)``); it runs in eval mode
+        (dropout off) for the capture, whatever mode it is in (:func:`mlpinterp.lm.hooks.eval_mode`).
     tokenizer : its tokenizer.
     input_modules : e.g. ``{"encoder.layer.3": "encoder.layer.3.intermediate.dense"}``
         (:attr:`~mlpinterp.ffn.blocks.FFNSite.input_module` of each block).
@@ -176,16 +250,35 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
 
     Raises
     ------
-    ValueError : an unknown module path, text too short for a split or a covariance, a block that was not called.
+    TypeError : ``model`` not a ``torch.nn.Module``, ``input_modules`` not a dict of module paths, ``cfg`` not a
+        :class:`CaptureConfig`, ``texts`` not a list of ``str``, a tokenizer that is not callable.
+    ValueError : an unknown module path or one that is not an FFN block's first projection (an attention module, a
+        whole layer: the message lists the model's FFN input modules), meta-device weights, ``ctx_len`` beyond the
+        model's positions or not above the tokenizer's special tokens, token ids outside the model's vocabulary
+        (another model's tokenizer), text too short for a split, a block that was not called or whose input is not
+        ``[batch, seq, d]``, NaN/inf activations.
     """
     import torch.distributed as dist
     from tqdm.auto import tqdm
 
+    check_module(model, loaded=True)
+    check_instance(cfg, CaptureConfig, "cfg")
+    if not isinstance(input_modules, dict):
+        raise TypeError(f"input_modules must be a dict FFN path -> input-module path (FFNSite.input_module), got "
+                        f"{type(input_modules).__name__}")
     if not input_modules:
         raise ValueError("input_modules must name at least one FFN block")
-    modules = {path: resolve_hook_point(model, mod) for path, mod in input_modules.items()}
+    modules = {path: _input_module(model, path, mod) for path, mod in input_modules.items()}
+    n_pos = max_positions(model)
+    if n_pos is not None and cfg.ctx_len > n_pos:
+        raise ValueError(f"ctx_len={cfg.ctx_len} exceeds the {type(model).__name__}'s {n_pos} positions (config); "
+                         f"use ctx_len <= {n_pos}")
+    content_length(tokenizer, cfg.ctx_len)  # ctx_len must leave room for content beside the special tokens
+    if not isinstance(getattr(tokenizer, "all_special_ids", None), (list, tuple)):
+        raise TypeError(f"tokenizer must be a Hugging Face tokenizer (with all_special_ids), got "
+                        f"{type(tokenizer).__name__}")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    texts = list(texts) if texts is not None else read_texts()
+    texts = check_texts(texts) if texts is not None else read_texts()
     per_file = []
     for text in texts:
         try:
@@ -195,6 +288,10 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
     if not per_file:
         raise ValueError(f"the text holds no document of at least ctx_len={cfg.ctx_len} tokens")
     chunks = torch.cat(per_file)
+    vocab = vocab_size(model)
+    if vocab is not None and int(chunks.max()) >= vocab:
+        raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) gives token ids up to {int(chunks.max())}, "
+                         f"beyond the {type(model).__name__}'s vocabulary of {vocab}: pass the model's own tokenizer")
     file_of = np.concatenate([np.full(c.shape[0], i) for i, c in enumerate(per_file)])
     fit_idx, held_idx = split_passages(chunks.shape[0], file_of, cfg)
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=chunks.dtype)
@@ -237,7 +334,8 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
                 ids = ids_all[s:s + cfg.seq_batch]
                 store.clear()
                 try:
-                    model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device))
+                    with eval_mode(model):
+                        model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device))
                 except _Stop:
                     pass
                 missing = [p for p in modules if p not in store]
@@ -250,7 +348,13 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
                 n_local += int(mask.sum())
                 sel = rng.random(int(mask.sum())) < keep_p if split == "fit" else None
                 for p, x in store.items():
+                    x = _as_token_major(x, ids, p, input_modules[p])
                     a = x[mask.to(x.device)].to("cpu", torch.float64)
+                    if not bool(torch.isfinite(a).all()):
+                        raise ValueError(
+                            f"the input of FFN block {p!r} ({input_modules[p]}) holds {int((~torch.isfinite(a)).sum())}"
+                            f" non-finite value(s) (NaN or inf) in a batch of {x.dtype} activations: NaN weights, or a "
+                            "float16 model overflowing (load it in float32 or bfloat16)")
                     if p not in moments:
                         d_of[p] = a.shape[-1]
                         moments[p] = Moments.zeros(a.shape[-1])
@@ -268,6 +372,10 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
     blocks = {}
     for p in modules:
         m = moments[p].all_reduce()
+        if m.n < m.s1.shape[0] + 1:
+            raise ValueError(f"FFN block {p!r}: {m.n} fit tokens captured, but a covariance of its {m.s1.shape[0]}-"
+                             f"dimensional input needs at least d + 1 = {m.s1.shape[0] + 1}; raise max_tokens (now "
+                             f"{cfg.max_tokens}) or give more text")
         blocks[p] = BlockCapture(fit=torch.cat(kept[p])[: cfg.keep_fit], heldout=torch.cat(held[p]), moments=m)
     first = next(iter(blocks.values()))
     return Capture(blocks=blocks, fit_ids=fit_ids, heldout_ids=held_ids, n_fit_tokens=first.moments.n,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import check_bool, check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class CaptureConfig:
         check_real(self.heldout_fraction, "heldout_fraction", 0.0, 1.0, lo_open=True)
         if self.heldout_fraction >= 1.0:
             raise ValueError(f"heldout_fraction must be < 1 (something must be left to fit), got {self.heldout_fraction}")
+        check_bool(self.exclude_special, "exclude_special")
         check_int(self.seed, "seed", minimum=0)
 
 

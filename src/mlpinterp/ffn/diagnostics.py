@@ -22,7 +22,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import check_int, check_real, to_numpy
+
+#: A principal direction or a neuron counts as varying when its standard deviation exceeds this fraction of the
+#: scale of the values (below it the "variation" is float64 rounding, and its kurtosis a meaningless number).
+_REL_SD = 1e-10
 
 
 def gaussianity(X, W=None, b=None, *, n_pcs: int = 10, outlier_factor: float = 10.0, max_neurons: int = 512,
@@ -30,16 +34,28 @@ def gaussianity(X, W=None, b=None, *, n_pcs: int = 10, outlier_factor: float = 1
     """Gaussianity diagnostics of inputs ``X [n, d_in]`` and, given ``W [d_hidden, d_in]`` and ``b [d_hidden]``,
     of the pre-activations ``X W^T + b`` (a seeded subsample of ``max_neurons`` neurons). See module docstring.
 
-    Raises ``ValueError`` for fewer than 8 inputs or a width mismatch.
+    Principal directions with (numerically) zero variance are left out (``pc_*`` lists may be shorter than
+    ``n_pcs``), as are neurons whose pre-activation does not vary (dead on these inputs).
+
+    Raises ``TypeError``/``ValueError`` for a non-numeric (complex included) or non-finite ``X``, ``W`` or ``b``,
+    fewer than 8 inputs, a width mismatch, inputs that do not vary at all, or (with ``W``) no neuron whose
+    pre-activation varies.
     """
-    X = np.asarray(X.numpy() if hasattr(X, "numpy") else X, dtype=np.float64)
+    X = to_numpy(X, "X")
     if X.ndim != 2 or X.shape[0] < 8:
         raise ValueError(f"X must have shape [n >= 8, d_in], got {list(X.shape)}")
     n_pcs = check_int(n_pcs, "n_pcs", minimum=1)
+    max_neurons = check_int(max_neurons, "max_neurons", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
     check_real(outlier_factor, "outlier_factor", 1.0)
     Xc = X - X.mean(0)
     _, S, Vt = np.linalg.svd(Xc[: min(X.shape[0], 20_000)], full_matrices=False)
-    P = Xc @ Vt[: min(n_pcs, Vt.shape[0])].T
+    scale = float(np.abs(X).max())
+    varying = S > _REL_SD * max(scale, 1e-300) * np.sqrt(min(X.shape[0], 20_000))
+    if not varying.any():
+        raise ValueError(f"X ({X.shape[0]} inputs) does not vary: every input is the same vector, so no Gaussianity "
+                         "statistic is defined")
+    P = Xc @ Vt[: min(n_pcs, int(varying.sum()))].T
     var = Xc.var(0)
     med = float(np.median(var))
     out = var > outlier_factor * max(med, 1e-300)
@@ -51,8 +67,8 @@ def gaussianity(X, W=None, b=None, *, n_pcs: int = 10, outlier_factor: float = 1
         "outlier_variance_fraction": float(var[out].sum() / var.sum()) if var.sum() > 0 else 0.0,
     }
     if W is not None:
-        W = np.asarray(W, dtype=np.float64)
-        b = np.zeros(W.shape[0]) if b is None else np.asarray(b, dtype=np.float64)
+        W = to_numpy(W, "W")
+        b = np.zeros(W.shape[0] if W.ndim else 0) if b is None else to_numpy(b, "b")
         if W.ndim != 2 or W.shape[1] != X.shape[1] or b.shape != (W.shape[0],):
             raise ValueError(f"W must be [d_hidden, d_in={X.shape[1]}] and b [d_hidden], got {list(W.shape)}, "
                              f"{list(b.shape)}")
@@ -60,7 +76,11 @@ def gaussianity(X, W=None, b=None, *, n_pcs: int = 10, outlier_factor: float = 1
         idx = np.sort(rng.choice(W.shape[0], size=min(max_neurons, W.shape[0]), replace=False))
         Y = X @ W[idx].T + b[idx]
         sd = Y.std(0)
-        Z = (Y[:, sd > 0] - Y[:, sd > 0].mean(0)) / sd[sd > 0]
+        live = sd > _REL_SD * np.maximum(np.abs(Y).max(0), 1e-300)
+        if not live.any():
+            raise ValueError(f"none of the {idx.size} neurons checked has a pre-activation that varies on X (all dead "
+                             "on these inputs): no pre-activation statistic is defined")
+        Z = (Y[:, live] - Y[:, live].mean(0)) / sd[live]
         n = Z.shape[0]
         skew = scipy.stats.skew(Z, axis=0)
         kurt = scipy.stats.kurtosis(Z, axis=0, fisher=True)

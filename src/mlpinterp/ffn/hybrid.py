@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from mlpinterp.ffn.config import HybridConfig
 from mlpinterp.ffn.readout import Readout, RidgeBasis
-from mlpinterp.networks import Network
+from mlpinterp.networks import GLU, MLP, Network
+from mlpinterp.utils.validation import check_instance, check_shape, to_numpy
 
 
 class ReadoutModule(nn.Module):
@@ -83,25 +84,34 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
     X_fit : ``[m, d_in]`` fit activations (numpy or torch).
     X_val : optional ``[m', d_in]`` activations for the validation FVU in the history (not used for training).
 
-    Raises ``ValueError`` on a width mismatch or a diverging (non-finite) loss.
+    Raises ``TypeError`` for a ``network`` / ``start`` / ``cfg`` of the wrong kind, ``ValueError`` when ``start``
+    does not fit ``network`` (other d_in / d_out), for ``X_fit`` / ``X_val`` that are non-numeric (complex
+    included), non-finite, not ``[m >= 2, d_in]`` or on which the block's output does not vary, and for a
+    diverging (non-finite) loss.
     """
     import schedulefree
     from tqdm.auto import tqdm
 
-    def as_tensor(X, name):
-        X = torch.as_tensor(np.asarray(X.numpy() if hasattr(X, "numpy") else X), dtype=torch.float32)
-        if X.ndim != 2 or X.shape[1] != network.d_in:
-            raise ValueError(f"{name} must have shape [m, d_in={network.d_in}], got {list(X.shape)}")
-        return X
+    check_instance(network, (MLP, GLU), "network")
+    check_instance(start, Readout, "start", "Readout (e.g. Readout.from_closed_form(p, basis))")
+    check_instance(cfg, HybridConfig, "cfg")
+    if start.basis.d_in != network.d_in or start.b.shape[0] != network.d_out:
+        raise ValueError(f"start maps d_in={start.basis.d_in} -> d_out={start.b.shape[0]}, but network is "
+                         f"{type(network).__name__}(d_in={network.d_in}, d_out={network.d_out}): start from this "
+                         "block's closed form")
 
-    X = as_tensor(X_fit, "X_fit")
-    Y = torch.as_tensor(network(X.double().numpy()), dtype=torch.float32)
+    def targets(X, name):
+        X = check_shape(to_numpy(X, name), name, (None, network.d_in)).astype(np.float32)  # trained in float32
+        Y = network(X.astype(np.float64))
+        if X.shape[0] < 2 or not float(((Y - Y.mean(0)) ** 2).sum()) > 1e-10 * float((Y**2).sum()):
+            raise ValueError(f"{name} must hold >= 2 inputs on which the block's output varies (the FVU divides by "
+                             f"its variance), got {X.shape[0]} input(s)")
+        return torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(Y, dtype=torch.float32)
+
+    X, Y = targets(X_fit, "X_fit")
     var = float(((Y - Y.mean(0)) ** 2).sum(1).mean())
-    if not var > 0:
-        raise ValueError("the block's output has zero variance on X_fit; nothing to fit")
     if X_val is not None:
-        Xv = as_tensor(X_val, "X_val")
-        Yv = torch.as_tensor(network(Xv.double().numpy()), dtype=torch.float32)
+        Xv, Yv = targets(X_val, "X_val")
         var_v = float(((Yv - Yv.mean(0)) ** 2).sum())
     module = ReadoutModule(start)
     opt = schedulefree.AdamWScheduleFree(module.parameters(), lr=cfg.lr, warmup_steps=cfg.warmup_steps)

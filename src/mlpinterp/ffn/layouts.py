@@ -30,7 +30,6 @@ Every import is checked against the block itself (:func:`check_forward`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +137,9 @@ def _check_loaded(proj, where: str) -> None:
     label = f"{cls.__module__}.{cls.__qualname__}"
     w = proj.weight
     params = type(w).__name__
+    if w.is_complex():
+        raise ValueError(f"{where} ({label}) has complex weights ({w.dtype}); an FFN block's approximant needs real "
+                         "floating-point weights")
     if (cls.__module__.split(".")[0] in _QUANT_PACKAGES or any(m in (cls.__name__ + params).lower() for m in _QUANT_MARKERS)
             or str(w.dtype).removeprefix("torch.") not in _FLOAT_DTYPES):
         raise ValueError(
@@ -206,18 +208,6 @@ def _check_chain(where, layout, up_shape, down_shape, gate_shape=None) -> None:
                          f"to follow {layout.up} weight {list(up_shape)}")
 
 
-@contextlib.contextmanager
-def _eval_mode(module):
-    """Eval mode (dropout off) for the duration, restoring every submodule's own training flag."""
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
-
-
 #: Tolerance of :func:`check_forward`, by the block's weight dtype: ||ours - theirs|| / ||theirs||.
 FORWARD_TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "float16": 3e-2, "bfloat16": 3e-2}
 
@@ -244,6 +234,8 @@ def check_forward(block, layout: Layout, network: MLP | GLU, where: str, act=Non
     """
     import torch
 
+    from mlpinterp.lm.hooks import eval_mode
+
     first = _get(block, layout.projections[0])
     dtype, device = first.weight.dtype, first.weight.device
     gen = torch.Generator().manual_seed(0)
@@ -252,7 +244,7 @@ def check_forward(block, layout: Layout, network: MLP | GLU, where: str, act=Non
     own = own_forward_is_ffn(block, layout)
     act = find_act(block, layout)[1] if act is None else act
     try:
-        with torch.no_grad(), _eval_mode(block):
+        with torch.no_grad(), eval_mode(block):
             if own:
                 ref = block(x)
             elif layout.fused:

@@ -20,8 +20,8 @@ import numpy as np
 import scipy.linalg
 
 from mlpinterp.ffn.readout import Readout, RidgeBasis
-from mlpinterp.networks import Network
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.networks import GLU, MLP, Network
+from mlpinterp.utils.validation import check_instance, check_int, check_real, check_shape, to_numpy
 
 #: Default ridge: lam = DEFAULT_RIDGE * (mean diagonal of M over the non-constant features); a conditioning guard,
 #: far below the noise level of 10^4-10^5 tokens.
@@ -65,28 +65,69 @@ class NormalEquations:
             self.n = int(round(b[-1]))
         return self
 
+    def check(self, basis: RidgeBasis) -> NormalEquations:
+        """``self`` if it was built for ``basis`` at its degree (``M [p, p]``, ``C [p, d_out]`` with
+        ``p = basis.n_features(degree)``, finite sums, ``n >= 1``); ``TypeError``/``ValueError`` otherwise."""
+        check_instance(basis, RidgeBasis, "basis")
+        degree = check_int(self.degree, "degree", minimum=1)
+        p = basis.n_features(degree)
+        if not isinstance(self.M, np.ndarray) or self.M.shape != (p, p) or not isinstance(self.C, np.ndarray) or \
+                self.C.ndim != 2 or self.C.shape[0] != p:
+            raise ValueError(f"the normal equations (M {list(np.shape(self.M))}, C {list(np.shape(self.C))}) were not "
+                             f"built for this basis: its degree-{degree} family has {p} features (another basis, "
+                             "block or degree?)")
+        for name in ("M", "C", "y1"):
+            to_numpy(getattr(self, name), name)
+        check_real(self.yy, "yy", 0.0)
+        check_shape(np.asarray(self.y1), "y1", (self.C.shape[1],))
+        check_int(self.n, "n", minimum=1)
+        return self
+
     def leading(self, degree: int, basis: RidgeBasis) -> NormalEquations:
-        """The normal equations of a lower degree (leading block)."""
+        """The normal equations of a lower degree ``1 <= degree <= self.degree`` (leading block)."""
+        degree = check_int(degree, "degree", minimum=1)
+        if degree > self.degree:
+            raise ValueError(f"degree must be <= {self.degree} (the degree these normal equations were built for), "
+                             f"got {degree}")
+        self.check(basis)
         p = basis.n_features(degree)
         return NormalEquations(degree, self.M[:p, :p], self.C[:p], self.yy, self.y1, self.n, self.exact)
 
 
-def normal_equations(network: Network, basis: RidgeBasis, X, degree: int, *, chunk: int = 4096) -> NormalEquations:
-    """Accumulate :class:`NormalEquations` of ``network`` on inputs ``X [m, d_in]`` (numpy or torch, any float dtype).
+def _check_network_basis(network, basis: RidgeBasis) -> None:
+    """The network is an MLP/GLU whose widths and gating match the basis (the family is in its own neurons)."""
+    check_instance(network, (MLP, GLU), "network")
+    check_instance(basis, RidgeBasis, "basis")
+    gated = isinstance(network, GLU)
+    if basis.d_in != network.d_in or basis.d_hidden != network.d_hidden or basis.gated != gated:
+        raise ValueError(f"basis (d_in={basis.d_in}, d_hidden={basis.d_hidden}, {'gated' if basis.gated else 'MLP'}) "
+                         f"is not the ridge family of network {type(network).__name__}(d_in={network.d_in}, "
+                         f"d_hidden={network.d_hidden}): build it from this block's closed form "
+                         "(RidgeBasis.from_closed_form(fit_polynomial(network, gaussian, n), gaussian))")
 
-    Raises ``ValueError`` for a width mismatch or fewer samples than features.
+
+def normal_equations(network: Network, basis: RidgeBasis, X, degree: int, *, chunk: int = 4096) -> NormalEquations:
+    """Accumulate :class:`NormalEquations` of ``network`` on inputs ``X [m, d_in]`` (numpy or torch, any real dtype:
+    float16/bfloat16 tensors and tensors requiring grad included; summed in float64).
+
+    Raises ``TypeError``/``ValueError`` for a network or basis of the wrong kind, a basis that is not the network's
+    family (other widths or gating), an ``X`` that is non-numeric (complex included), non-finite or not
+    ``[m >= 1, d_in]``, a non-int ``degree`` / ``chunk``.
     """
     degree = check_int(degree, "degree", minimum=1)
-    X = np.asarray(X.numpy() if hasattr(X, "numpy") else X)
-    if X.ndim != 2 or X.shape[1] != network.d_in or X.shape[1] != basis.d_in:
-        raise ValueError(f"X must have shape [m, d_in={network.d_in}], got {list(X.shape)}")
+    chunk = check_int(chunk, "chunk", minimum=1)
+    _check_network_basis(network, basis)
+    if not (isinstance(X, np.ndarray) or type(X).__module__.startswith("torch")):
+        X = to_numpy(X, "X")  # lists and other array-likes; arrays and tensors are converted chunk by chunk below
+    if X.ndim != 2 or X.shape[1] != network.d_in or X.shape[0] < 1:
+        raise ValueError(f"X must have shape [m, d_in={network.d_in}] with m >= 1, got {list(X.shape)}")
     p = basis.n_features(degree)
     M = np.zeros((p, p))
     C = np.zeros((p, network.d_out))
     yy, y1 = 0.0, np.zeros(network.d_out)
     for s in range(0, X.shape[0], chunk):
-        Xc = X[s:s + chunk].astype(np.float64)
-        Phi = basis.features(Xc, degree)
+        Xc = to_numpy(X[s:s + chunk], "X")  # float64, finite, real (no float64 copy of all of X at once)
+        Phi = basis._features(Xc, degree)
         Y = network(Xc)
         M += Phi.T @ Phi
         C += Phi.T @ Y
@@ -99,9 +140,14 @@ def solve_projection(neq: NormalEquations, basis: RidgeBasis, *, ridge: float = 
     """Solve the (ridge-regularised) normal equations; returns the :class:`Readout` and a dict with the in-sample
     ``fvu`` (pooled over outputs), ``lam`` (absolute ridge) and ``n``.
 
-    Raises ``ValueError`` when there are fewer samples than features (the projection is not identified) or when the
-    regularised system is not positive definite (non-finite features).
+    Raises ``TypeError`` for a ``neq`` that is not :class:`NormalEquations`; ``ValueError`` when ``neq`` was not
+    built for ``basis`` (:meth:`NormalEquations.check`), there are fewer samples than features (the projection is
+    not identified), the regularised system is not positive definite (constant features such as a dead neuron or a
+    constant input dimension with ``ridge=0``: the message counts them), or the targets have no variance (the FVU is
+    undefined: a constant block output).
     """
+    check_instance(neq, NormalEquations, "neq")
+    neq.check(basis)
     ridge = check_real(ridge, "ridge", 0.0)
     p = neq.M.shape[0]
     if not neq.exact and neq.n < p:
@@ -114,10 +160,20 @@ def solve_projection(neq: NormalEquations, basis: RidgeBasis, *, ridge: float = 
     try:
         B = scipy.linalg.solve(A, neq.C, assume_a="pos")
     except (np.linalg.LinAlgError, ValueError) as e:
-        raise ValueError(f"the degree-{neq.degree} normal equations are not positive definite ({e}); "
-                         "raise ridge or check the inputs for constant or non-finite features") from e
+        # a feature with (numerically) zero variance is a multiple of the constant feature: M is singular
+        mean = neq.M[0, 1:] / max(neq.M[0, 0], 1e-300)
+        var = np.diag(neq.M)[1:] / max(neq.M[0, 0], 1e-300) - mean**2
+        n_const = int((var <= 1e-12 * np.maximum(np.diag(neq.M)[1:] / max(neq.M[0, 0], 1e-300), 1e-300)).sum())
+        what = f"{n_const} of the {p - 1} features are constant on the samples (dead neurons or constant input " \
+               "dimensions)" if n_const else "the features are linearly dependent on the samples"
+        raise ValueError(f"the degree-{neq.degree} normal equations are not positive definite with ridge={ridge:g}: "
+                         f"{what}; use ridge > 0 (default {DEFAULT_RIDGE:g}) or more varied samples ({e})") from e
     sse = neq.yy - 2.0 * float((B * neq.C).sum()) + float((B * (neq.M @ B)).sum())
     sst = neq.yy - float(neq.y1 @ neq.y1) / neq.n
+    if not sst > 1e-10 * neq.yy or not sst > 0:
+        raise ValueError(f"the block's outputs have (numerically) no variance on the samples (total sum of squares "
+                         f"{sst:.3g} against sum ||y||^2 = {neq.yy:.3g}): the FVU is undefined (a constant block, or "
+                         "identical inputs)")
     return Readout.from_coefficients(basis, B, neq.degree), {"fvu": max(sse, 0.0) / sst, "lam": lam, "n": neq.n}
 
 
@@ -134,7 +190,11 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
 
     Raises ``ValueError`` for ``ridge="validation"`` without ``X_val`` or an unknown ``ridge``.
     """
+    if isinstance(degrees, (str, bytes)) or not hasattr(degrees, "__iter__"):
+        raise TypeError(f"degrees must be a list of ints >= 1, got {type(degrees).__name__} {degrees!r}")
     degrees = sorted({check_int(d, "degree", minimum=1) for d in degrees})
+    if not degrees:
+        raise ValueError("degrees must name at least one degree >= 1, got none")
     if isinstance(ridge, str):
         if ridge != "validation":
             raise ValueError(f"ridge must be a number >= 0 or 'validation', got {ridge!r}")
@@ -143,9 +203,12 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
     neq = normal_equations(network, basis, X, degrees[-1], chunk=chunk).all_reduce()
     if not isinstance(ridge, str):
         return {d: solve_projection(neq.leading(d, basis), basis, ridge=ridge) for d in degrees}
-    X_val = np.asarray(X_val.numpy() if hasattr(X_val, "numpy") else X_val, dtype=np.float64)
-    Phi_val, Y_val = basis.features(X_val, degrees[-1]), network(X_val)
+    X_val = check_shape(to_numpy(X_val, "X_val"), "X_val", (None, network.d_in))
+    Phi_val, Y_val = basis._features(X_val, degrees[-1]), network(X_val)
     sst = float(((Y_val - Y_val.mean(0)) ** 2).sum())
+    if X_val.shape[0] < 2 or not sst > 1e-10 * float((Y_val**2).sum()):
+        raise ValueError(f"X_val must hold >= 2 samples on which the block's output varies (the validation FVU "
+                         f"divides by its variance), got {X_val.shape[0]} sample(s) with total sum of squares {sst:.3g}")
     out = {}
     for d in degrees:
         p = basis.n_features(d)

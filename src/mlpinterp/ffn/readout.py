@@ -27,6 +27,7 @@ import numpy as np
 from mlpinterp.gaussian.distributions import Gaussian
 from mlpinterp.gaussian.hermite import hermite_he
 from mlpinterp.poly.approximant import RidgePolynomial
+from mlpinterp.utils.validation import as_inputs, check_instance, check_int, check_shape, to_numpy
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class RidgeBasis:
 
     center : ``[d_in]``; A : ``[d_hidden, d_in]``; G : ``[d_hidden, d_in]`` or None (GLU gate residuals);
     white : ``[d_in, r]`` whitening map of the reference Gaussian on its support (``u = white^T (x - center)``).
+
+    Raises ``TypeError``/``ValueError`` (naming the field) for non-numeric or non-finite arrays or shapes that do
+    not fit together.
     """
 
     center: np.ndarray
@@ -42,12 +46,34 @@ class RidgeBasis:
     G: np.ndarray | None
     white: np.ndarray
 
+    def __post_init__(self) -> None:
+        center = to_numpy(self.center, "center")
+        if center.ndim != 1 or center.shape[0] < 1:
+            raise ValueError(f"center must have shape [d_in >= 1], got {list(center.shape)}")
+        d = center.shape[0]
+        A = check_shape(to_numpy(self.A, "A"), "A", (None, d))
+        G = None if self.G is None else check_shape(to_numpy(self.G, "G"), "G", (A.shape[0], d))
+        white = check_shape(to_numpy(self.white, "white"), "white", (d, None))
+        for name, v in (("center", center), ("A", A), ("G", G), ("white", white)):
+            object.__setattr__(self, name, v)
+
     @classmethod
     def from_closed_form(cls, p: RidgePolynomial, gaussian: Gaussian) -> RidgeBasis:
-        """The basis of the closed-form approximant ``p`` fitted under ``gaussian`` (its directions and center)."""
-        w, V = np.linalg.eigh(gaussian.cov)
-        keep = w > 1e-10 * max(float(w[-1]), 1e-300)
-        white = V[:, keep] / np.sqrt(w[keep])
+        """The basis of the closed-form approximant ``p`` fitted under ``gaussian`` (its directions and center).
+
+        The whitening map is the Gaussian's own on its support (``white = support diag(1 / sqrt(eigenvalues))``,
+        the eigenvalues :class:`Gaussian` keeps), so a degenerate Gaussian gives ``rank < d_in`` whitened
+        coordinates. Raises ``TypeError`` if ``p`` is not a ``RidgePolynomial`` (the closed form of
+        ``fit_polynomial`` under one Gaussian) or ``gaussian`` not a ``Gaussian``, ``ValueError`` if their
+        dimensions differ.
+        """
+        check_instance(p, RidgePolynomial, "p", "RidgePolynomial (fit_polynomial(network, gaussian, n))")
+        check_instance(gaussian, Gaussian, "gaussian", "Gaussian (the input model p was fitted under)")
+        if gaussian.d != p.d_in:
+            raise ValueError(f"gaussian has dimension {gaussian.d}, but p has d_in={p.d_in}: the basis needs the "
+                             "Gaussian p was fitted under")
+        scale = np.linalg.norm(gaussian.factor, axis=0)  # factor = support * sqrt(eigenvalue), column by column
+        white = gaussian.support / np.maximum(scale, 1e-300)
         return cls(center=np.asarray(p.center), A=np.asarray(p.A),
                    G=None if p.G is None else np.asarray(p.G), white=white)
 
@@ -57,7 +83,8 @@ class RidgeBasis:
     gated = property(lambda self: self.G is not None)
 
     def n_features(self, degree: int) -> int:
-        """Number of features of the degree-``degree`` family (constant included)."""
+        """Number of features of the degree-``degree`` family (constant included); ``degree >= 0``."""
+        degree = check_int(degree, "degree", minimum=0)
         per = 2 if self.gated else 1
         return 1 + (self.rank if degree >= 1 else 0) + per * self.d_hidden * max(degree - 1, 0)
 
@@ -66,8 +93,14 @@ class RidgeBasis:
 
         Order: ``1``, ``u`` (r), then for t = 2..degree: ``He_t(z)`` (d_hidden) and, for GLUs, ``eps He_{t-1}(z)``
         (d_hidden). So the features of degree n - 1 are the leading columns of those of degree n.
+        Raises ``TypeError``/``ValueError`` naming ``X`` (non-numeric, non-finite, not ``[m, d_in]``) or ``degree``.
         """
-        Xc = np.asarray(X, dtype=np.float64) - self.center
+        degree = check_int(degree, "degree", minimum=0)
+        return self._features(check_shape(to_numpy(X, "X"), "X", (None, self.d_in)), degree)
+
+    def _features(self, X: np.ndarray, degree: int) -> np.ndarray:
+        """:meth:`features` without validation (hot loops that validated ``X`` once)."""
+        Xc = X - self.center
         cols = [np.ones((Xc.shape[0], 1))]
         if degree >= 1:
             cols.append(Xc @ self.white)
@@ -84,13 +117,36 @@ class RidgeBasis:
 @dataclass(frozen=True)
 class Readout:
     """One member of the ridge family: ``b [d_out]``, ``L [d_out, r]``, ``R, S: [degree - 1, d_out, d_hidden]``
-    (``R[t - 2]`` multiplies ``He_t(z)``, ``S[t - 2]`` multiplies ``eps He_{t-1}(z)``; S is None for MLPs)."""
+    (``R[t - 2]`` multiplies ``He_t(z)``, ``S[t - 2]`` multiplies ``eps He_{t-1}(z)``; S is None for MLPs).
+
+    Raises ``TypeError`` if ``basis`` is not a :class:`RidgeBasis` and ``ValueError`` (naming the field) for
+    non-finite coefficients or shapes that do not match the basis (``S`` must be given exactly for a gated basis).
+    """
 
     basis: RidgeBasis
     b: np.ndarray
     L: np.ndarray
     R: np.ndarray
     S: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        bs = check_instance(self.basis, RidgeBasis, "basis")
+        b = to_numpy(self.b, "b")
+        if b.ndim != 1 or b.shape[0] < 1:
+            raise ValueError(f"b must have shape [d_out >= 1], got {list(b.shape)}")
+        o = b.shape[0]
+        L = to_numpy(self.L, "L")
+        if L.shape != (o, bs.rank):
+            raise ValueError(f"L must have shape [d_out, basis.rank] = [{o}, {bs.rank}] (d_out from b [{o}]), got "
+                             f"{list(L.shape)}")
+        R = check_shape(to_numpy(self.R, "R"), "R", (None, o, bs.d_hidden))
+        if bs.gated != (self.S is not None):
+            raise ValueError(f"S must be {'given' if bs.gated else 'None'} for a{' gated' if bs.gated else 'n MLP'} "
+                             f"basis (basis.G is {'set' if bs.gated else 'None'}), got "
+                             f"{'None' if self.S is None else 'an array'}")
+        S = None if self.S is None else check_shape(to_numpy(self.S, "S"), "S", R.shape)
+        for name, v in (("b", b), ("L", L), ("R", R), ("S", S)):
+            object.__setattr__(self, name, v)
 
     @property
     def degree(self) -> int:
@@ -100,7 +156,10 @@ class Readout:
     @classmethod
     def from_coefficients(cls, basis: RidgeBasis, B: np.ndarray, degree: int) -> Readout:
         """Split the coefficient matrix ``B [n_features(degree), d_out]`` of :meth:`RidgeBasis.features`."""
-        if degree < 1 or B.shape[0] != basis.n_features(degree):
+        check_instance(basis, RidgeBasis, "basis")
+        degree = check_int(degree, "degree", minimum=1)
+        B = to_numpy(B, "B")
+        if B.ndim != 2 or B.shape[0] != basis.n_features(degree):
             raise ValueError(f"B must have shape [n_features({degree}) = {basis.n_features(degree)}, d_out] for "
                              f"degree >= 1, got {list(B.shape)}")
         h, r = basis.d_hidden, basis.rank
@@ -116,7 +175,18 @@ class Readout:
         """The closed-form approximant ``p`` (whose directions are ``basis``'s) written in the family's coordinates.
 
         Uses ``x - c = white^+ u`` on the support: the degree-1 terms ``D_j1 z_j`` and ``E_j0 eps_j`` become ``L u``.
+        Raises ``TypeError`` for a ``p`` that is not a ``RidgePolynomial``, ``ValueError`` if ``p``'s directions are
+        not ``basis``'s (another block, another Gaussian, or a GLU basis for an MLP approximant).
         """
+        check_instance(p, RidgePolynomial, "p", "RidgePolynomial (fit_polynomial(network, gaussian, n))")
+        check_instance(basis, RidgeBasis, "basis")
+        if (p.G is not None) != basis.gated or p.A.shape != basis.A.shape or \
+                not np.allclose(p.A, basis.A, rtol=1e-12, atol=0) or not np.allclose(p.center, basis.center) or \
+                (p.G is not None and not np.allclose(p.G, basis.G, rtol=1e-12, atol=0)):
+            raise ValueError(f"p's directions (A {list(p.A.shape)}, {'gated' if p.G is not None else 'not gated'}) "
+                             f"are not basis's (A {list(basis.A.shape)}, {'gated' if basis.gated else 'not gated'}) "
+                             "or their centers differ: build the basis from the same closed form, "
+                             "RidgeBasis.from_closed_form(p, gaussian)")
         n = p.degree
         if n < 1:
             raise ValueError("the ridge family starts at degree 1; got a degree-0 approximant")
@@ -143,13 +213,14 @@ class Readout:
         return np.concatenate(parts, axis=0)
 
     def __call__(self, X) -> np.ndarray:
-        """``p(X)``: ``[m, d_out]`` (chunked features times the coefficient matrix)."""
-        X = np.asarray(X, dtype=np.float64)
+        """``p(X)``: ``[m, d_out]`` for ``X [m, d_in]`` (``[d_out]`` for a single ``[d_in]``; chunked features times
+        the coefficient matrix). Raises ``TypeError``/``ValueError`` naming ``X``."""
+        X, single = as_inputs(X, self.basis.d_in)
         B = self.coefficients_matrix()
         out = np.empty((X.shape[0], B.shape[1]))
         for s in range(0, X.shape[0], 4096):
-            out[s:s + 4096] = self.basis.features(X[s:s + 4096], self.degree) @ B
-        return out
+            out[s:s + 4096] = self.basis._features(X[s:s + 4096], self.degree) @ B
+        return out[0] if single else out
 
     def to_polynomial(self, info: dict | None = None) -> RidgePolynomial:
         """The same polynomial as a :class:`RidgePolynomial` with ``r + (degree - 1) d_hidden (x 2 for GLUs)``

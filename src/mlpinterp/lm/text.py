@@ -14,14 +14,22 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from mlpinterp.utils.validation import check_int, check_texts
+
 DEFAULT_TEXT_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "text"
 """``<repo>/../shared/data/text`` (the project's bundled corpora)."""
 
 
 def read_texts(paths: Sequence[str | os.PathLike] | str | os.PathLike | None = None) -> list[str]:
-    """Read text files (a directory means all its ``*.txt``, sorted); default: the bundled corpora."""
+    """Read text files (a directory means all its ``*.txt``, sorted); default: the bundled corpora.
+
+    Raises ``FileNotFoundError`` for missing files, ``ValueError`` for a directory without ``*.txt`` files and
+    ``TypeError`` for ``paths`` that are not a path or a list of paths.
+    """
     if paths is None:
         paths = DEFAULT_TEXT_DIR
+    if not isinstance(paths, (str, os.PathLike)) and (isinstance(paths, bytes) or not hasattr(paths, "__iter__")):
+        raise TypeError(f"paths must be a file or directory path or a list of paths, got {type(paths).__name__}")
     if isinstance(paths, (str, os.PathLike)):
         p = Path(paths)
         if p.is_dir():
@@ -48,15 +56,36 @@ def special_template(tokenizer) -> tuple[list[int], list[int]]:
     return [], []
 
 
-def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int | None = None) -> Tensor:
-    """Tokenise ``texts`` and cut them into ``[n_chunks, ctx_len]`` int64 chunks with the special template.
+def content_length(tokenizer, ctx_len: int) -> int:
+    """Content tokens per ``ctx_len``-token chunk: ``ctx_len`` minus the special template's tokens (>= 1).
 
-    Raises ``ValueError`` if ``ctx_len`` leaves no room for content tokens or the texts are too short.
+    Raises ``TypeError`` for a non-int ``ctx_len`` or a tokenizer that is not callable, ``ValueError`` when
+    ``ctx_len`` leaves no room for content (``ctx_len <= 2`` for BERT's ``[CLS] ... [SEP]``).
     """
+    ctx_len = check_int(ctx_len, "ctx_len", minimum=1)
+    if not callable(tokenizer):
+        raise TypeError(f"tokenizer must be a Hugging Face tokenizer (callable), got {type(tokenizer).__name__}")
     prefix, suffix = special_template(tokenizer)
     body = ctx_len - len(prefix) - len(suffix)
     if body < 1:
-        raise ValueError(f"ctx_len must exceed the {len(prefix) + len(suffix)} special tokens, got {ctx_len}")
+        raise ValueError(f"ctx_len must exceed the {len(prefix) + len(suffix)} special tokens the tokenizer adds "
+                         f"to every sequence, got {ctx_len}")
+    return body
+
+
+def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int | None = None) -> Tensor:
+    """Tokenise ``texts`` (a list of documents) and cut them into ``[n_chunks, ctx_len]`` int64 chunks with the
+    special template; at most ``max_chunks`` (>= 1) chunks if given.
+
+    Raises ``TypeError`` for ``texts`` that are not a list of ``str`` (a bare string included) or non-int
+    ``ctx_len`` / ``max_chunks``, ``ValueError`` if ``ctx_len`` leaves no room for content tokens
+    (:func:`content_length`) or the texts are too short.
+    """
+    texts = check_texts(texts)
+    if max_chunks is not None:
+        max_chunks = check_int(max_chunks, "max_chunks", minimum=1)
+    body = content_length(tokenizer, ctx_len)
+    prefix, suffix = special_template(tokenizer)
     chunks: list[list[int]] = []
     saved_max = getattr(tokenizer, "model_max_length", None)
     try:  # long documents are cut into chunks here, so the tokenizer's length warning does not apply
@@ -74,3 +103,16 @@ def token_chunks(tokenizer, texts: Sequence[str], ctx_len: int, max_chunks: int 
     if not chunks:
         raise ValueError(f"texts hold fewer than ctx_len={ctx_len} tokens")
     return torch.tensor(chunks, dtype=torch.int64)
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    """A fingerprint of a list of documents (16 hex characters, BLAKE2b of their UTF-8 bytes with lengths): the
+    same corpus in the same order gives the same digest. Raises ``TypeError`` for anything but a list of ``str``."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for t in check_texts(texts):
+        b = t.encode("utf-8", errors="surrogatepass")
+        h.update(f"{len(b)};".encode())
+        h.update(b)
+    return h.hexdigest()

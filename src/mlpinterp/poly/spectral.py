@@ -119,10 +119,19 @@ def quadratic_forms(p, U) -> np.ndarray:
     ``U``: ``[d_out, n_dirs]`` (e.g. top principal directions of the block's output). For a ``RidgePolynomial`` the
     forms are built from its factors, ``A^T diag(U^T (W2 * gamma)) A`` plus the symmetrised gate terms, without
     materialising the ``[d_out, d_in, d_in]`` tensor (so it works at d_in = d_out = 4096); otherwise from
-    ``coefficients(2)``. Raises ``ValueError`` for a degree < 2 approximant or a ``U`` of the wrong height.
+    ``coefficients(2)``; ``p`` may also be the quadratic coefficient tensor ``T2 [d_out, d_in, d_in]`` itself.
+    Raises ``TypeError`` for a ``p`` that is none of these (a network, None), ``ValueError`` for a degree < 2
+    approximant, a ``T2`` that is not ``[d_out, d, d]`` or a ``U`` of the wrong height.
     """
     from mlpinterp.poly.approximant import RidgePolynomial
 
+    if not isinstance(p, RidgePolynomial) and not hasattr(p, "coefficients"):
+        if p is None or not isinstance(p, (np.ndarray, list, tuple)) and not type(p).__module__.startswith("torch"):
+            raise TypeError(f"p must be a polynomial approximant (RidgePolynomial, DensePolynomial: fit_polynomial's "
+                            f"result) or its quadratic coefficients T2 [d_out, d_in, d_in], got {type(p).__name__}")
+        p = to_numpy(p, "p")
+        if p.ndim != 3 or p.shape[1] != p.shape[2]:
+            raise ValueError(f"p as coefficients must have shape [d_out, d_in, d_in], got {list(p.shape)}")
     U = to_numpy(U, "U")
     if U.ndim == 1:
         U = U[:, None]

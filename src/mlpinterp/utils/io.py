@@ -118,3 +118,17 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
         except json.JSONDecodeError as e:
             raise ValueError(f"metadata {str(meta_path)!r} is not valid JSON ({e})") from e
     return tensors, meta
+
+
+def read_json(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict) -> Any:
+    """The JSON content of ``path``; ``ValueError`` naming the file if it is not valid JSON or (with ``expect``)
+    not of that type, e.g. a truncated or hand-edited ``config.json`` (``FileNotFoundError`` if it is missing)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({e}); delete it to recompute it") from e
+    if expect is not None and not isinstance(obj, expect):
+        raise ValueError(f"{what} {str(path)!r} holds a JSON {type(obj).__name__}, expected a JSON "
+                         f"{'object' if expect is dict else expect.__name__}; delete it to recompute it")
+    return obj

@@ -121,8 +121,9 @@ def check_int(v, name: str, minimum: int | None = 1, what: str | None = None) ->
 
 
 def check_real(v, name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> float:
-    """``v`` must be a finite real number (not a bool) in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """``v`` must be a finite real number (not a bool; numpy scalars accepted) in ``[lo, hi]`` (``(lo, hi]`` with
+    ``lo_open``)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__} {v!r}")
     if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
         if lo is None and hi is None:
@@ -133,3 +134,126 @@ def check_real(v, name: str, lo: float | None = None, hi: float | None = None, l
             rng = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
         raise ValueError(f"{name} must be finite{rng}, got {v}")
     return float(v)
+
+
+def check_bool(v, name: str) -> bool:
+    """``v`` must be a ``bool`` (numpy bools accepted; not a string or an int, which would be silently truthy)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(v).__name__} {v!r}")
+    return bool(v)
+
+
+def check_callable(v, name: str, what: str = "a callable"):
+    """``v`` must be callable; raises ``TypeError`` naming ``name`` and ``what`` was expected."""
+    if not callable(v):
+        raise TypeError(f"{name} must be {what}, got {type(v).__name__}")
+    return v
+
+
+def check_instance(v, cls, name: str, what: str | None = None):
+    """``v`` must be an instance of ``cls`` (a class or a tuple of classes); raises ``TypeError`` naming ``name``."""
+    if not isinstance(v, cls):
+        want = what or (" or ".join(c.__name__ for c in cls) if isinstance(cls, tuple) else cls.__name__)
+        raise TypeError(f"{name} must be a {want}, got {type(v).__name__}")
+    return v
+
+
+def check_texts(texts, name: str = "texts") -> list[str]:
+    """``texts`` must be a sequence of documents (``str``), not a single string; returns a list.
+
+    A bare ``str`` is refused (iterating it would feed one character per document), as are non-string entries.
+    """
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{name} must be a list of documents (str), got a single {type(texts).__name__}; "
+                        f"wrap it: [{name}]")
+    try:
+        out = list(texts)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of documents (str), got {type(texts).__name__}") from None
+    bad = [i for i, t in enumerate(out) if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"{name} must hold only str documents; entry {bad[0]} is {type(out[bad[0]]).__name__}")
+    return out
+
+
+def check_module(model, name: str = "model", *, loaded: bool = False):
+    """``model`` must be a ``torch.nn.Module`` (``TypeError``); with ``loaded``, its parameters must not be on the
+    meta device (``ValueError``: created without weights, e.g. under ``torch.device('meta')``)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{name} must be a torch.nn.Module (e.g. a transformers PreTrainedModel), got "
+                        f"{type(model).__name__}")
+    if loaded:
+        meta = [n for n, p in model.named_parameters() if p.is_meta]
+        if meta:
+            raise ValueError(f"{name} ({type(model).__name__}) has {len(meta)} parameter(s) on the meta device "
+                             f"(e.g. {meta[0]}): it was created without loading its weights (torch.device('meta'), "
+                             "init_empty_weights(), device_map offloading); load the weights first")
+    return model
+
+
+#: Config attributes holding a model's maximum sequence length (learned or trained positions).
+MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_positions", "n_ctx")
+
+
+def max_positions(model) -> int | None:
+    """The longest sequence ``model`` takes, from its config (``max_position_embeddings``, ``n_positions``, ...),
+    or None when the config names none (e.g. T5's relative positions)."""
+    cfg = getattr(model, "config", None)
+    text = getattr(cfg, "get_text_config", None)
+    for c in (cfg, text() if callable(text) else None):
+        for key in MAX_POSITION_KEYS:
+            v = getattr(c, key, None) if c is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
+
+
+def vocab_size(model) -> int | None:
+    """Rows of ``model``'s input embedding (``get_input_embeddings()``), or None if it has none."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        emb = None
+    n = getattr(emb, "num_embeddings", None)
+    return int(n) if isinstance(n, int) else None
+
+
+def check_token_ids(input_ids, name: str = "input_ids", model=None, attention_mask=None):
+    """``input_ids`` must be an integer ``torch.Tensor [batch >= 1, seq >= 1]``; with ``model``, ids in
+    ``[0, vocab)`` of its input embedding and ``seq`` within its maximum positions (:func:`max_positions`);
+    ``attention_mask`` (optional) of the same shape holding only 0 and 1. Returns ``(input_ids, attention_mask)``.
+
+    Raises ``TypeError`` (not an integer tensor) or ``ValueError`` (shape, range, positions, mask), naming the
+    argument: a torch-internal ``IndexError`` from the embedding would not say which argument was wrong.
+    """
+    import torch
+
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids [batch, seq], got {type(input_ids).__name__}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
+    if input_ids.ndim != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"{name} must have shape [batch >= 1, seq >= 1], got {list(input_ids.shape)}")
+    if model is not None:
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        vocab = vocab_size(model)
+        if lo < 0 or (vocab is not None and hi >= vocab):
+            raise ValueError(f"{name} holds token ids in [{lo}, {hi}], outside the {type(model).__name__}'s "
+                             f"vocabulary [0, {vocab}): a tokenizer of another model?")
+        n_pos = max_positions(model)
+        if n_pos is not None and input_ids.shape[1] > n_pos:
+            raise ValueError(f"{name} has sequences of {input_ids.shape[1]} tokens, more than the "
+                             f"{type(model).__name__}'s {n_pos} positions (config); use a ctx_len <= {n_pos}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor [batch, seq] or None, got "
+                            f"{type(attention_mask).__name__}")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must have the shape of {name} {list(input_ids.shape)}, got "
+                             f"{list(attention_mask.shape)}")
+        if attention_mask.is_complex() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    return input_ids, attention_mask
