@@ -563,7 +563,7 @@ def test_ols_off_support_is_the_projection_extension(rng):
 @_xfail(
     "method='cg' on a mixture of point masses (rank-1 support, singular quadratic Gram): no longer raises, but "
     "preconditioned CG on the singular normal equations returns a wrong polynomial (error 1.7 at seed 0) while "
-    "its FVU-based stopping rule reports convergence (poly/mixture_quadratic.py); auto and dense are exact here"
+    "its FVU-based stopping rule reports convergence (poly/mixture/matrix_free.py); auto and dense are exact here"
 )
 def test_point_mass_mixture_cg(rng):
     net = _mlp(rng, act="silu")

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from mlpinterp import GLU, MLP, Gaussian, GaussianMixture, fit_polynomial
-from mlpinterp.poly.mixture_quadratic import MAX_DENSE_FEATURES, fit_mixture, moment_table
+from mlpinterp.poly.mixture.exact import fit_mixture
+from mlpinterp.poly.mixture.hybrid import fit_sgd
+from mlpinterp.poly.mixture.moment_dense import MAX_DENSE_FEATURES, moment_table
 from mlpinterp.poly.ridge import fit_ridge
-from mlpinterp.poly.sgd import fit_sgd
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
 torch.set_num_threads(1)
@@ -146,7 +147,8 @@ def test_matrix_free_agrees_with_dense(d):
 def test_fused_operator_equals_sum_of_component_operators():
     # The CG operator batches its passes over components; it must equal the documented per-component formula
     # summed with the mixture weights (the latter is checked against the dense Gram by the test above).
-    from mlpinterp.poly.mixture_quadratic import SupportCoordinates, _MixtureOperator
+    from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+    from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
 
     rng = np.random.default_rng(45)
     mix = random_mixture(7, rng, weights=(0.4, 0.3, 0.2, 0.1), ranks=[7, 3, 7, 7])

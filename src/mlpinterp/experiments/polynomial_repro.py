@@ -104,7 +104,7 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
 
 def _quadratic_mixture_steps(steps: list[int], d_in: int, policy: str) -> set[int]:
     """Checkpoints at which the exact mixture quadratic is fitted (``policy``: all, final, auto)."""
-    from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count
+    from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count
 
     if policy == "all" or (policy == "auto" and feature_count(d_in) <= MAX_FEATURES):
         return set(steps)
