@@ -40,17 +40,10 @@ def expected_errors() -> Iterator[None]:
 
 
 def _eval_texts(text_dir: Path | None) -> tuple[list[str], list[str], list[str]]:
-    """(training texts, held-out texts, held-out file names): files with 'test' in the name are held out."""
-    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts
+    """(training texts, held-out texts, held-out file names), split by :func:`mlpinterp.lm.text.split_files`."""
+    from mlpinterp.lm.text import read_texts, split_files
 
-    d = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
-    if not d.is_dir():
-        raise FileNotFoundError(f"--text-dir {str(d)!r} is not a directory")
-    files = sorted(d.glob("*.txt"))
-    if not files:
-        raise ValueError(f"--text-dir {str(d)!r} holds no *.txt files")
-    held = [f for f in files if "test" in f.name] or files[-1:]
-    train = [f for f in files if f not in held] or files
+    train, held = split_files(text_dir)
     return read_texts(train), read_texts(held), [f.name for f in held]
 
 

@@ -524,7 +524,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
     from mlpinterp.lm.hooks import hook_activations
     from mlpinterp.lm.models import canonical_model_name, load_model
-    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts, token_chunks
+    from mlpinterp.lm.text import read_texts, split_files, token_chunks
     from mlpinterp.sae.activations import ActivationConfig, ActivationSource
     from mlpinterp.sae.evaluate import evaluate_sae, is_causal_lm
 
@@ -534,10 +534,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     t_start = time.time()
     model, tok = load_model(exp.model)
     is_lm = is_causal_lm(model)
-    text_dir = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
-    files = sorted(text_dir.glob("*.txt"))
-    eval_files = [f for f in files if "test" in f.name] or files[-1:]
-    train_files = [f for f in files if f not in eval_files] or files
+    train_files, eval_files = split_files(text_dir)
     eval_ids = token_chunks(tok, read_texts(eval_files), exp.ctx_len, exp.eval_chunks)
     acfg = ActivationConfig(hook_point=exp.hook_point, ctx_len=exp.ctx_len, batch_size=exp.batch_size,
                             buffer_size=max(16 * exp.batch_size, 65536), max_chunks=exp.train_chunks)
