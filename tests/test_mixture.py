@@ -348,8 +348,16 @@ def test_bad_arguments_raise_clear_errors():
         fit_mixture(net, mix, 2, fvu_tol=-1.0)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         fit_mixture(net, mix, 2, window=0)
-    with pytest.raises(ValueError, match="init must be 'pooled' or 'zero'"):
+    with pytest.raises(ValueError, match="init must be 'auto', 'pooled' or 'zero'"):
         fit_mixture(net, mix, 2, init="random")
+    with pytest.raises(ValueError, match="residual_tol must be a positive number"):
+        fit_mixture(net, mix, 2, residual_tol=0)
+    with pytest.raises(TypeError, match="warm_start must be a DensePolynomial or RidgePolynomial"):
+        fit_mixture(net, mix, 2, warm_start=np.zeros(3))
+    with pytest.raises(ValueError, match="warm_start must be a polynomial of degree <= 2 with d_in = 4"):
+        fit_mixture(net, mix, 2, warm_start=fit_polynomial(random_net("relu", 5, rng), Gaussian.standard(5), 2))
+    with pytest.raises(ValueError, match="warm_start applies to method='cg' only"):
+        fit_mixture(net, mix, 2, method="dense", warm_start=fit_polynomial(net, mix, 1))
     with pytest.raises(ValueError, match="maxiter must be a positive integer"):
         fit_mixture(net, mix, 2, maxiter=0)
     with pytest.raises(ValueError, match="degree must be 1 or 2"):
