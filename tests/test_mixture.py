@@ -348,7 +348,7 @@ def test_bad_arguments_raise_clear_errors():
         fit_mixture(net, mix, 2, fvu_tol=-1.0)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         fit_mixture(net, mix, 2, window=0)
-    with pytest.raises(ValueError, match="init must be 'auto', 'pooled' or 'zero'"):
+    with pytest.raises(ValueError, match="init must be 'pooled' or 'zero'"):
         fit_mixture(net, mix, 2, init="random")
     with pytest.raises(ValueError, match="residual_tol must be a positive number"):
         fit_mixture(net, mix, 2, residual_tol=0)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp import MLP, GaussianMixture
+from mlpinterp import MLP, DensePolynomial, GaussianMixture
 from mlpinterp.poly.mixture.coordinates import coordinates_of, tensors_in_u
 from mlpinterp.poly.mixture.exact import _operator, fit_mixture
 from mlpinterp.poly.mixture.matrix_free import IndefiniteOperatorError, _MixtureOperator, _pcg
@@ -98,10 +98,12 @@ def _solution_w(p, mix):
     return _to_w(*tensors_in_u(p, coords, 2))
 
 
-def _min_norm_oracle(mix, net):
-    """Minimum-P^+-norm solution of the dense normal equations, w coordinates, and the Gram."""
+def _anchored_oracle(mix, net, anchor=None):
+    """Solution of the dense normal equations closest to ``anchor`` (w coordinates; default 0) in the metric P^+,
+    with the Gram and right-hand side."""
     G = _gram_w(mix)
     h = G @ _solution_w(fit_mixture(net, mix, 2, method="dense"), mix)  # any solution gives the rhs
+    w0 = np.zeros_like(h) if anchor is None else _solution_w(anchor, mix)
     coords = coordinates_of(mix)
     op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
     P = _precond_w(op, coords.r)
@@ -113,7 +115,7 @@ def _min_norm_oracle(mix, net):
     wH, VH = np.linalg.eigh(H)
     keep = wH > 1e-11 * wH.max()
     Hp = (VH[:, keep] / wH[keep]) @ VH[:, keep].T
-    return Ph @ Hp @ Ph @ h, G, h
+    return w0 + Ph @ Hp @ Ph @ (h - G @ w0), G, h
 
 
 def _rel(a, b):
@@ -122,32 +124,33 @@ def _rel(a, b):
 
 # ------------------------------------------------------------------ singular operators: minimum-norm solution
 @pytest.mark.parametrize("ranks", [[0, 0], [1, 2, 1], [2, 3], [0, 3, 1]])
-def test_rank_deficient_components_match_dense_min_norm(ranks):
+def test_rank_deficient_components_match_dense_solution(ranks):
     # Every component rank-deficient on the support (r = 4): quadratics vanishing on all supports exist, so the
     # Gram is singular. CG must (i) give the dense solve's predictions on every component's support and (ii) return
-    # the documented minimum-norm solution (metric P^+) of the dense normal equations, to 1e-8.
+    # the documented solution of the dense normal equations, to 1e-8: closest to its anchor in the metric P^+
+    # (init="zero": the minimum-norm solution; init="pooled": closest to the pooled-Gaussian quadratic).
     rng = np.random.default_rng(sum(ranks) * 10 + len(ranks))
     d = 4
     mix = _mixture(d, ranks, rng)
     net = _net(d, rng)
-    w_star, G, h = _min_norm_oracle(mix, net)
+    from mlpinterp.poly.ridge import fit_ridge
+
+    w_min, G, h = _anchored_oracle(mix, net)
+    w_pool, *_ = _anchored_oracle(mix, net, fit_ridge(net, mix.pooled(), 2))
     gram_ev = np.linalg.eigvalsh(G)
     assert gram_ev[0] < 1e-10 * gram_ev[-1]  # really singular: the case the xfail was about
-    p = fit_mixture(net, mix, 2, method="cg", tol=1e-12, fvu_tol=0.0)
-    si = p.solver_info
-    assert si["converged"] and si["minimum_norm"] and si["operator_structure"] != "nonsingular"
-    w = _solution_w(p, mix)
-    assert _rel(w, w_star) < 1e-8
-    assert np.linalg.norm(G @ w - h) <= 1e-10 * np.linalg.norm(h)  # an exact solution (independent residual)
+    assert _rel(w_min, w_pool) > 1e-4  # the anchor matters: the checks below can fail
     dense = fit_mixture(net, mix, 2, method="dense")
-    for k in range(mix.K):
-        X = mix.components[k].sample(50, np.random.default_rng(k)) if ranks[k] else mix.means[k][None]
-        assert _rel(p(X), dense(X)) < 1e-8
-    # the same problem from the pooled start is solved on the supports but has another null component:
-    # the check above can fail, and the solver says that start is not the minimum-norm one
-    q = fit_mixture(net, mix, 2, method="cg", init="pooled", tol=1e-12, fvu_tol=0.0)
-    assert not q.solver_info["minimum_norm"] and "init='zero'" in q.solver_info["extension_note"]
-    assert _rel(_solution_w(q, mix), w_star) > 1e-4
+    for init, w_star in (("zero", w_min), ("pooled", w_pool)):
+        p = fit_mixture(net, mix, 2, method="cg", init=init, tol=1e-12, fvu_tol=0.0)
+        si = p.solver_info
+        assert si["converged"] and si["canonical"] and si["operator_structure"] != "nonsingular" and si["init"] == init
+        w = _solution_w(p, mix)
+        assert _rel(w, w_star) < 1e-8, init
+        assert np.linalg.norm(G @ w - h) <= 1e-10 * np.linalg.norm(h)  # an exact solution (independent residual)
+        for k in range(mix.K):
+            X = mix.components[k].sample(50, np.random.default_rng(k)) if ranks[k] else mix.means[k][None]
+            assert _rel(p(X), dense(X)) < 1e-8
 
 
 def test_point_masses_structure_is_detected():
@@ -230,24 +233,31 @@ def test_indefinite_operator_raises_a_clear_error():
 
 # ------------------------------------------------------------------ warm start, float32 refinement
 @pytest.mark.parametrize("ranks,jitter", [([5, 5, 5], 0.05), ([2, 3, 1], 0.0)])
-def test_warm_start_gives_the_cold_start_answer(ranks, jitter):
+@pytest.mark.parametrize("init", ["pooled", "zero"])
+def test_warm_start_gives_the_cold_start_answer(ranks, jitter, init):
     # Two "checkpoints": the second network is a perturbation of the first. Warm-starting from the first's
-    # solution must give the cold-start answer of the second (also on a singular operator: the warm start stays
-    # in P range(M), see matrix_free), starting from a far smaller residual.
+    # result must give the cold-start answer of the second, also on a singular operator (the warm start is the new
+    # anchor plus the old correction, see matrix_free), starting from a far smaller residual.
     rng = np.random.default_rng(11)
     d = 5
     mix = _mixture(d, ranks, rng, jitter=jitter)
     net1 = _net(d, rng)
     net2 = MLP(net1.W1 * 1.01 + 0.01 * rng.standard_normal(net1.W1.shape), net1.b1, net1.W2, net1.b2, "gelu")
-    kw = dict(method="cg", tol=1e-12, fvu_tol=0.0, init="zero", maxiter=2000)
+    kw = dict(method="cg", tol=1e-12, fvu_tol=0.0, init=init, maxiter=2000)
     p1 = fit_mixture(net1, mix, 2, **kw)
     cold = fit_mixture(net2, mix, 2, **kw)
     warm = fit_mixture(net2, mix, 2, warm_start=p1, **kw)
-    assert warm.solver_info["init"] == "warm" and warm.solver_info["converged"]
+    assert warm.solver_info["init"] == "warm" and warm.solver_info["converged"] and warm.solver_info["canonical"]
     for k in range(3):
         assert _rel(warm.coefficients(k), cold.coefficients(k)) < 1e-8
     assert warm.solver_info["iterations"] <= cold.solver_info["iterations"]
     assert warm.solver_info["residual_history"][0] < 0.1 * cold.solver_info["residual_history"][0]
+    # a plain polynomial as the start (no solver state): the same answer on the supports; off them only when the
+    # operator is non-singular, and the solver says which
+    plain = fit_mixture(net2, mix, 2, warm_start=DensePolynomial(p1.tensors), **kw)
+    X = mix.sample(200, np.random.default_rng(1))
+    assert plain.solver_info["init"] == "warm (plain start)" and _rel(plain(X), cold(X)) < 1e-8
+    assert plain.solver_info["canonical"] == (plain.solver_info["operator_structure"] == "nonsingular")
 
 
 def test_float32_refinement_reaches_the_float64_answer():

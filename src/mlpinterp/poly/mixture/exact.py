@@ -47,7 +47,7 @@ def fit_mixture(
     window: int = 10,
     maxiter: int = 500,
     preconditioner: str = "diagonal",
-    init: str = "auto",
+    init: str = "pooled",
     warm_start=None,
     residual_tol: float = 1e-4,
     device=None,
@@ -75,12 +75,13 @@ def fit_mixture(
     window : number of CG steps in the excess-FVU estimate.
     maxiter : CG iteration limit (all refinement sweeps together).
     preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see ``matrix_free``).
-    init : CG starting point when no ``warm_start`` is given: ``"auto"`` (default: ``"pooled"`` when the operator
-        is provably non-singular, else ``"zero"``), ``"pooled"`` (the exact quadratic under the pooled Gaussian)
-        or ``"zero"``. On a singular operator only ``"zero"`` and warm starts give the minimum-norm solution
-        (``matrix_free``); ``solver_info["minimum_norm"]`` says whether it was obtained.
-    warm_start : a degree <= 2 polynomial (e.g. the previous checkpoint's ``fit_mixture`` result under the same
-        mixture) to start CG from; the answer is the same as a cold start's, to the solver's tolerance.
+    init : CG's anchor and start: ``"pooled"`` (default; the exact quadratic under the pooled Gaussian) or
+        ``"zero"``. On a singular operator the answer off the components' supports is the solution closest to
+        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``matrix_free``).
+    warm_start : the previous checkpoint's ``fit_mixture`` result under the same mixture (method ``"cg"``, same
+        ``init``): CG starts from the new anchor plus its correction and returns the cold start's answer, to the
+        solver's tolerance. Any other degree <= 2 polynomial is used as a plain starting point
+        (``solver_info["canonical"]`` is then False on a singular operator).
     residual_tol : largest true relative residual accepted with the excess-FVU stop (default 1e-4).
     device : torch device for the CG path (default: CUDA when available, else CPU).
     dtype : ``torch.float64`` (default) or ``torch.float32``: float32 operator applications inside CG, float64
@@ -93,7 +94,8 @@ def fit_mixture(
     ``p.solver_info`` holds ``method``, ``iterations``, ``relative_residual`` (recomputed explicitly at the
     end), ``converged`` (true only if the true residual met the rules above), ``stopped_by`` (``"residual"``,
     ``"fvu"``, ``"maxiter"``, ``"stalled"`` or ``"refine"``), ``excess_fvu_estimate``, ``operator_structure``
-    (``"nonsingular"``, ``"singular"``, ``"possibly singular"``), ``minimum_norm``, ``warm_start``,
+    (``"nonsingular"``, ``"singular"``, ``"possibly singular"``), ``init`` (``"pooled"``, ``"zero"``, ``"warm"`` or
+    ``"warm (plain start)"``), ``canonical`` (the answer is the documented one, not just any solution),
     ``support_rank`` r, ``singular`` and a ``note`` on the support, ``wall_time_s``, ``cpu_time_s``, and (CG) the residual and
     explained-variance histories. The dense path reports the Gram matrix's condition number and rank.
 
@@ -127,8 +129,8 @@ def fit_mixture(
         raise ValueError(f"fvu_tol must be a non-negative number, got {fvu_tol!r}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive integer, got {window!r}")
-    if init not in ("auto", "pooled", "zero"):
-        raise ValueError(f"init must be 'auto', 'pooled' or 'zero', got {init!r}")
+    if init not in ("pooled", "zero"):
+        raise ValueError(f"init must be 'pooled' or 'zero', got {init!r}")
     if not (isinstance(residual_tol, float | int) and residual_tol > 0):
         raise ValueError(f"residual_tol must be a positive number, got {residual_tol!r}")
     if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1:
@@ -150,7 +152,7 @@ def fit_mixture(
         tensors_u, sinfo = _solve_dense(network, mixture, coords, degree)
         info["method"] = "exact-mixture-dense"
     else:
-        tensors_u, sinfo = _solve_cg(network, mixture, coords, tol=float(tol), fvu_tol=float(fvu_tol),
+        tensors_u, sinfo, state = _solve_cg(network, mixture, coords, tol=float(tol), fvu_tol=float(fvu_tol),
                                      residual_tol=float(residual_tol), window=window, maxiter=maxiter,
                                      preconditioner=preconditioner, init=init, warm_start=warm_start, device=device,
                                      dtype=tdtype, progress=progress, t_start=t_start)
@@ -165,7 +167,10 @@ def fit_mixture(
     sinfo["wall_time_s"] = time.perf_counter() - t_start
     sinfo["cpu_time_s"] = time.process_time() - cpu_start  # all threads; the honest figure on a shared CPU
     info["solver_info"] = sinfo
-    return DensePolynomial(tuple(raw), info=info)
+    out = DensePolynomial(tuple(raw), info=info)
+    if method == "cg":
+        object.__setattr__(out, "_cg_state", state)  # for warm starts (matrix_free: anchor + correction)
+    return out
 
 
 
@@ -207,28 +212,37 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     rhs = op64.apply(None, components=comps)
     del comps
     structure = op64.structure
+    zeros = tuple(torch.zeros_like(t) for t in rhs)
+    anchor = as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled" else zeros
+    start = init
+    x0 = anchor if init == "pooled" else None
     if warm_start is not None:
-        t = tensors_in_u(warm_start, coords, warm_start.degree)
-        t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
-        x0, start = as_t(t), "warm"
-    else:
-        start = init if init != "auto" else ("pooled" if structure == "nonsingular" else "zero")
-        x0 = as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if start == "pooled" else None
+        state = getattr(warm_start, "_cg_state", None)
+        if state is not None and state["mixture"]() is mixture and state["init"] == init:
+            x0, start = tuple(a + torch.as_tensor(c, device=dev) for a, c in zip(anchor, state["correction"], strict=True)), "warm"
+        else:
+            t = tensors_in_u(warm_start, coords, warm_start.degree)
+            t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
+            x0, start = as_t(t), "warm (plain start)"
     x, sinfo = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=maxiter,
                     progress=progress, x0=x0, inner=inner)
-    minimum_norm = structure == "nonsingular" or start in ("zero", "warm")
+    canonical = structure == "nonsingular" or start != "warm (plain start)"
     sinfo.update(method="pcg", preconditioner=preconditioner, init=start, device=str(dev),
                  dtype=str(dtype).replace("torch.", ""), operator_structure=structure,
-                 null_directions_found=op64.null_directions, minimum_norm=minimum_norm,
+                 null_directions_found=op64.null_directions, canonical=canonical,
                  operator_applications=op64.n_apply - n_apply[0] + (inner.n_apply - n_apply[1] if inner is not op64 else 0),
                  setup_time_s=t_rhs - t_start)
     if structure != "nonsingular":
         sinfo["extension_note"] = (
             "the operator may be singular (every component is rank-deficient on the support): the polynomial is "
             "optimal on the mixture; off the components' supports it is "
-            + ("the minimum-norm solution in the preconditioner's metric" if minimum_norm else
-               "one solution among many (init='pooled' adds a null component): use init='zero' for the minimum-norm one")
+            + ({"pooled": "the solution closest to the pooled-Gaussian quadratic", "zero": "the minimum-norm solution"}[init]
+               + " in the preconditioner's metric" if canonical else
+               "one solution among many (a plain warm start adds its null component): warm-start from a fit_mixture "
+               "result under the same mixture for the canonical one")
         )
+    state = {"mixture": weakref.ref(mixture), "init": init,
+             "correction": tuple((a - b).detach().clone() for a, b in zip(x, anchor, strict=True))}
     if not sinfo["converged"]:
         warnings.warn(
             f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "
@@ -236,4 +250,4 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
     tensors_u = [t.detach().to("cpu", torch.float64).numpy() for t in x]
     tensors_u[2] = 0.5 * (tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2))
-    return tensors_u, sinfo
+    return tensors_u, sinfo, state

@@ -35,12 +35,16 @@ Gram is then positive definite); ``_MixtureOperator.structure`` says which case 
 "singular" when the preconditioner's blocks prove a null direction, else "possibly singular"). The normal
 equations are consistent (the right-hand side lies in the range of M), every solution gives the same
 polynomial on the components' supports (the same mixture error), and the solutions differ off them. PCG
-started at 0 with a positive semi-definite preconditioner P (null directions of the (c, diag A) block and
-entries ``A_ij`` with ``E[u_i^2 u_j^2] = 0`` are null directions of M, and P maps them to 0) keeps its iterates in
-``P range(M)``, which contains exactly one solution: the minimum-norm solution in the metric ``P^+``
-(``argmin theta . P^+ theta`` subject to ``M theta = rhs``). That is the solution returned; warm starts from a
-previous solution under the same mixture stay in ``P range(M)`` and return the same one. The pooled-Gaussian
-start (``init="pooled"``) is used only when M is non-singular (it would add an arbitrary null component).
+started at an anchor ``theta_0`` with a positive semi-definite preconditioner P (null directions of the
+(c, diag A) block and entries ``A_ij`` with ``E[u_i^2 u_j^2] = 0`` are null directions of M, and P maps them
+to 0) keeps its iterates in ``theta_0 + P range(M)``, which contains exactly one solution: the solution closest
+to the anchor in the metric ``P^+`` (``argmin (theta - theta_0) . P^+ (theta - theta_0)`` subject to
+``M theta = rhs``). That is the solution returned. The default anchor (``init="pooled"``) is the exact quadratic
+under the pooled Gaussian: off the components' supports the polynomial stays as close as the mixture allows
+to the pooled-Gaussian optimum (and CG starts close to the answer: 43 instead of 119 iterations on 14x14
+MNIST); ``init="zero"`` gives the minimum-norm solution in the metric ``P^+``. A warm start from an earlier
+result under the same mixture starts at the new anchor plus the earlier correction ``theta - theta_0``, which
+stays in the same affine set, so it returns the cold start's answer.
 
 Convergence is checked on the true residual ``rhs - M theta``, recomputed in float64 when CG stops, never on
 the recurrence alone: the solver reports ``converged`` only when the true relative residual is ``<= tol``, or
