@@ -276,6 +276,10 @@ def test_cuda_matches_cpu():
     p_gpu = fit_mixture(net, mix, 2, device="cuda", tol=1e-13, fvu_tol=0.0)
     assert p_gpu.solver_info["device"].startswith("cuda")
     assert rel_max_diff(p_gpu.coefficients(2), p_cpu.coefficients(2)) < 1e-9
+    # float32 operator with float64 refinement, warm-started, on the GPU: the same answer
+    p32 = fit_mixture(net, mix, 2, device="cuda", dtype=torch.float32, tol=1e-11, fvu_tol=0.0, warm_start=p_gpu)
+    assert p32.solver_info["init"] == "warm" and p32.solver_info["converged"]
+    assert rel_max_diff(p32.coefficients(2), p_cpu.coefficients(2)) < 1e-7
 
 
 # ------------------------------------------------------------------ hybrid SGD (paper's baseline)
