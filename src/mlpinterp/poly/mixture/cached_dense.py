@@ -25,7 +25,7 @@ import scipy.linalg
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network
 from mlpinterp.poly.approximant import DensePolynomial
-from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+from mlpinterp.poly.mixture.coordinates import coordinates_of
 from mlpinterp.poly.ridge import fit_ridge
 
 #: Largest number of quadratic features (r+1)(r+2)/2 handled here.
@@ -90,7 +90,7 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
     cached = _CACHE.get(mixture)
     if cached is not None:
         return cached
-    coords = SupportCoordinates.of(mixture)  # whitened support coordinates, shared with the CG solver
+    coords = coordinates_of(mixture)  # whitened support coordinates, shared with the CG solver
     r = coords.r
     if feature_count(r) > MAX_FEATURES:
         raise ValueError(f"the cached dense quadratic solve needs {feature_count(r)} features (support dimension "

@@ -10,6 +10,7 @@ MNIST class covariances are singular (constant pixels): r = 712 for the 10-class
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,3 +101,14 @@ def u_to_raw(tensors_u: list[np.ndarray], coords: SupportCoordinates) -> tuple[n
         centred.append(T)
     return centered_to_raw(centred, coords.mean)
 
+
+
+_COORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def coordinates_of(mixture: GaussianMixture) -> SupportCoordinates:
+    """``SupportCoordinates.of(mixture)``, cached per mixture (one eigendecomposition per mixture, not per fit)."""
+    c = _COORDS.get(mixture)
+    if c is None:
+        c = _COORDS[mixture] = SupportCoordinates.of(mixture)
+    return c
