@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 def _args(out, *extra):
     return ["reproduce", "spd", "--setting", "tms-5-2", "--seeds", "2", "--out", str(out), "--quick", "--quiet",
-            "--steps", "30", *extra]
+            "--steps", "10", *extra]
 
 
 def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
@@ -29,7 +29,7 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert len(m["mmcs"]) == len(m["ml2r"]) == 2 and all(0 <= v <= 1 for v in m["mmcs"])
     assert m["failed_seeds"] == sum(v < 0.99 for v in m["mmcs"])
-    assert m["config"]["steps"] == 30 and m["quick"] and m["summary"]["mmcs"]["n"] == 2
+    assert m["config"]["steps"] == 10 and m["quick"] and m["summary"]["mmcs"]["n"] == 2
     ps = m["paper_statistic"]
     assert ps["of_seeds"] == 2 and ps["mmcs"] == max(m["mmcs"]) and ps["n_features"] == 5
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
