@@ -1,7 +1,8 @@
 """CLI commands for the sae part of mlpinterp.
 
 * ``mlpinterp reproduce mfr --setting synthetic|minilm|lm --k 6 12 18 24 30 --seeds N --out DIR [--quick] [--quiet]``
-  (``--setting lm --model PATH|gpt2``: the paper's Table 2 protocol on a causal LM's layer-0 MLP output)
+  (``--setting lm --model PATH|gpt2``: the paper's Table 2 protocol on a causal LM's layer-0 MLP output;
+  ``--setting eeg --data DIR``: EDF recordings under DIR, e.g. the TUH EEG corpus)
 * ``mlpinterp sae train --model minilm --hook-point encoder.layer.3.output --k 32 --d-sae 3072 --out DIR``
   (one TopK SAE, or ``--n-saes N --mfr`` for MFR; ``torchrun ... --distributed ddp|ensemble`` for several
   processes); writes SAEBench core metrics of every SAE on held-out text to ``OUT/metrics.json``.
@@ -75,6 +76,12 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                                        "or lm (default: transformer.h.0.mlp)."),
         text_dir: Path = typer.Option(None, help="minilm/lm/gpt2: directory of *.txt documents (default: "
                                       "../shared/data/text; files with 'test' in the name are held out)."),
+        data: Path = typer.Option(None, help="--setting eeg: directory of EDF/EDF+ recordings (searched "
+                                  "recursively), e.g. a TUH EEG download."),
+        channels: str = typer.Option("", help="--setting eeg: comma-separated channel labels as in the EDF header "
+                                     "(default: those common to every recording)."),
+        window: int = typer.Option(0, min=0, help="--setting eeg: samples per vector at 128 Hz (0: 32; 1: one "
+                                   "channel vector per time step)."),
         n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
         alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
         extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
@@ -95,8 +102,28 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
               **({"steps": steps} if steps else {}),
               **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
         with expected_errors():
-            metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
+            if (data is not None or channels or window) and setting != "eeg":
+                raise typer.BadParameter(f"--data, --channels and --window apply to --setting eeg, got --setting "
+                                         f"{setting!r}")
+            if setting == "eeg":
+                metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
+            else:
+                metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
         typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
+
+    def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str,
+                 window: int) -> dict:
+        """``reproduce mfr --setting eeg``; returns the metrics dict."""
+        from mlpinterp.data.eeg import EegConfig
+        from mlpinterp.experiments.mfr_eeg import EegExperiment, run_eeg
+
+        if data is None:
+            fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
+                 "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/sae.md, EEG)")
+        eeg = EegConfig(channels=tuple(c.strip() for c in channels.split(",") if c.strip()) or None,
+                        **({"window": window} if window else {}))
+        exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)
+        return run_eeg(out, exp, data, quiet=quiet, device=device)
 
     def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str,
                  out: Path, model: str = "", text_dir: Path | None = None) -> dict:
@@ -117,7 +144,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 kw["hook_point"] = hook_point
             exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
             return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
-        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm', 'lm' or 'gpt2', got {setting!r}")
+        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg', got {setting!r}")
 
     @sae_app.command("train")
     def train(

@@ -394,21 +394,35 @@ def _report(out: Path, metrics: dict) -> None:
                          f"{_cell(c['rate_in_cluster'])} | {_cell(c['rate_outside'])} |")
         lines += ["", figure("synthetic_summary.png", "MMCS to truth, held-out FVU and corr(cross, truth) per k")]
     else:
-        down = ["loss_recovered"] if metrics["setting"] != "minilm" else ["cosine_recovered", "mse_recovered"]
-        lines += ["| k | condition | held-out FVU | L0 | dead fraction | " + " | ".join(d.replace("_", " ") for d in down)
-                  + " |", "|---|---|---|---|---|" + "---|" * len(down)]
+        setting = metrics["setting"]
+        down = {"minilm": ["cosine_recovered", "mse_recovered"], "eeg": []}.get(setting, ["loss_recovered"])
+        lines += ["| " + " | ".join(["k", "condition", "held-out FVU", "L0", "dead fraction",
+                                      *(d.replace("_", " ") for d in down)]) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(down)]
         for cond in s:
             for k, e in sorted(s[cond].items(), key=lambda kv: int(kv[0])):
-                lines.append(f"| {k} | {cond} | {_fmt(e['fvu'])} | {_fmt(e['l0'])} | {_fmt(e['dead_fraction'])} | "
-                             + " | ".join(_fmt(e[d]) for d in down) + " |")
+                cells = [k, cond, *(_fmt(e[key]) for key in ["fvu", "l0", "dead_fraction", *down])]
+                lines.append("| " + " | ".join(cells) + " |")
         for cond, imp in metrics.get("improvement_pct", {}).items():
             lines += ["", f"Relative reconstruction improvement of {cond} over the baseline (FVU; the paper's "
                       "statistic is the relative change of the reconstruction loss), per k: "
                       + ", ".join(f"k={k}: {v:+.2f} %" for k, v in imp.items())]
-        lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).", "",
-                  figure(_summary_png(metrics["setting"] == "lm"),
-                         "held-out FVU, downstream recovery and dead fraction per k")]
-        if metrics["setting"] == "lm":
+        if setting == "eeg":
+            d, tp = metrics["data"], metrics["throughput"]
+            lines += ["", f"(paper, TUH EEG: reconstruction {PAPER['eeg_max_reconstruction_improvement_pct']} % better "
+                      "with MFR at k = 24).", "",
+                      f"Data: {d['files']} recording(s) under `{d['dir']}` ({len(d['held_out_files'])} held out), "
+                      f"{len(d['channels'])} channels, d_in = {d['d_in']}; {d['train_vectors']:,} training and "
+                      f"{d['held_out_vectors']:,} held-out vectors. Throughput: reading + preprocessing "
+                      f"{tp['pipeline_vectors_per_second']:,.0f} vectors/s, SAE training (median over runs, all "
+                      f"SAEs of a run together) {tp['train_vectors_per_second_median']:,.0f} vectors/s; load average "
+                      f"{', '.join(f'{v:.1f}' for v in tp['load_average'])}.", "",
+                      figure("eeg_summary.png", "held-out FVU and dead fraction per k")]
+        else:
+            lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).",
+                      "", figure(_summary_png(setting == "lm"),
+                                 "held-out FVU, downstream recovery and dead fraction per k")]
+        if setting == "lm":
             lines += ["", _table2(metrics)]
     lines += ["", "## Verdict against the baseline", "",
               "Paired per seed (same data and initial seeds); better / worse = beyond 2 standard errors over "
@@ -654,16 +668,18 @@ def _summary_png(is_lm: bool) -> str:
     return "lm_summary.png" if is_lm else "minilm_summary.png"
 
 
-def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovered",
+def _figures_minilm(out: Path, summary: dict, downstream: str | None = "cosine_recovered",
                     name: str = "minilm_summary.png") -> None:
+    """Per-k panels of held-out FVU, the ``downstream`` metric (none when None) and the dead fraction."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ["fvu", downstream, "dead_fraction"],
-                              ["held-out FVU", downstream.replace("_", " "), "dead fraction"], strict=True):
+    keys = ["fvu", *([downstream] if downstream else []), "dead_fraction"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.7 * len(keys), 4))
+    for ax, key in zip(axes, keys, strict=True):
+        label = {"fvu": "held-out FVU"}.get(key, key.replace("_", " "))
         for i, cond in enumerate(summary):
             ks = sorted(int(k) for k in summary[cond])
             ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks], color=_COLORS.get(cond, f"C{3 + i}"),
