@@ -69,11 +69,11 @@ def conditions(base: tuple[str, ...], alpha: float | None,
 
 
 @dataclass(frozen=True)
-class SyntheticExperiment:
-    """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
+class MfrRuns:
+    """The runs of every MFR setting: k values x seeds x conditions (baseline, MFR, fixed-alpha MFR)."""
 
     k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
-    """TopK k, also the number of active features K per sample."""
+    """TopK k values."""
 
     seeds: int = 3
     """Seeds per (k, condition)."""
@@ -86,6 +86,14 @@ class SyntheticExperiment:
 
     extra_alphas: tuple[float, ...] = (0.1,)
     """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
+
+
+@dataclass(frozen=True)
+class SyntheticExperiment(MfrRuns):
+    """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
+
+    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
+    """TopK k, also the number of active features K per sample."""
 
     steps: int = 4000
     """Optimisation steps per run."""
@@ -502,11 +510,8 @@ def _fmt(e: dict, fmt: str = ".4f") -> str:
 
 # ----------------------------------------------------------------------------- MiniLM
 @dataclass(frozen=True)
-class MinilmExperiment:
+class MinilmExperiment(MfrRuns):
     """Settings of the MiniLM reproduction."""
-
-    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
-    """TopK k values."""
 
     seeds: int = 1
     """Seeds per (k, condition)."""
@@ -516,15 +521,6 @@ class MinilmExperiment:
 
     hook_point: str = "encoder.layer.3.output"
     """Residual stream after block 3 (d_in = 384); for GPT-2 use e.g. ``transformer.h.5``."""
-
-    n_saes: int = 2
-    """SAEs trained in parallel."""
-
-    alpha: float | None = None
-    """MFR penalty weight; None: initial penalty = initial reconstruction loss (the paper's rule)."""
-
-    extra_alphas: tuple[float, ...] = (0.1,)
-    """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
 
     d_sae: int = 3072
     """Latents (expansion factor 8)."""

@@ -24,6 +24,7 @@ import torch
 from mlpinterp.data.eeg import EegConfig, load_eeg
 from mlpinterp.experiments.mfr import (
     PAPER,
+    MfrRuns,
     _core_summary,
     _eval_saes,
     _figures_minilm,
@@ -42,19 +43,13 @@ from mlpinterp.utils.io import atomic_write_json
 
 
 @dataclass(frozen=True)
-class EegExperiment:
+class EegExperiment(MfrRuns):
     """Settings of ``reproduce mfr --setting eeg`` (defaults: the paper's k, latents, batch and learning rate)."""
 
     k_values: tuple[int, ...] = (12, 24, 36, 48, 60)
     """TopK k values (the paper's)."""
     seeds: int = 1
     """Seeds per (k, condition)."""
-    n_saes: int = 2
-    """SAEs trained in parallel."""
-    alpha: float | None = None
-    """MFR penalty weight; None: initial penalty = initial reconstruction loss (the paper's rule)."""
-    extra_alphas: tuple[float, ...] = (0.1,)
-    """Fixed penalty weights run as extra conditions mfr_alpha{a}."""
     d_sae: int = 4096
     """Latents (the paper's hidden size)."""
     steps: int = 2000
