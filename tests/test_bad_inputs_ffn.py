@@ -694,7 +694,7 @@ def test_resume_with_damaged_files_names_the_file(finished, damage, match):
 
 @pytest.mark.parametrize("args, match", [
     (["--layers", "0,0"], "distinct block indices"),  # was a traceback (zip strict)
-    (["--layers", ""], "non-empty tuple"),
+    (["--layers", "0,-9"], "out of range"),  # negative indices count from the last block
     (["--degrees", "2", "2"], "distinct integers"),  # duplicated rows in every table of the report
     (["--input-model", "data", "--input-model", "data"], "each once"),
     (["--ctx-len", "100"], "ctx_len=100 exceeds the GPT2LMHeadModel's 64 positions"),  # was a RuntimeError traceback
@@ -713,3 +713,34 @@ def test_cli_bad_values_are_errors_with_a_fix(finished, tmp_path, args, match):
     assert r.exit_code == 1, r.output
     assert "Error:" in r.output and "Fix:" in r.output and "Traceback" not in r.output
     assert pytest.importorskip("re").search(match, r.output), r.output
+
+
+def test_cli_failed_run_leaves_nothing_and_conflict_fix_continues_the_run(finished, tmp_path):
+    """A command that fails on a bad model path or layer writes no config.json (the corrected command runs), and a
+    resume conflict's Fix is a command line that does continue the old run."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from mlpinterp.cli.main import app
+
+    _, model = finished
+    txt = tmp_path / "t.txt"
+    txt.write_text("\n".join(TEXTS))
+    out = tmp_path / "o"
+    base = ["reproduce", "transformer", "--text", str(txt), "--quiet", "--quick", "--out", str(out), "--ctx-len",
+            "16", "--input-model", "data", "--degrees", "1"]
+    runner = CliRunner()
+    r = runner.invoke(app, base + ["--model", str(tmp_path / "no" / "such")])
+    assert r.exit_code == 1 and "does not exist" in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(app, base + ["--model", model, "--layers", "7"])
+    assert r.exit_code == 1 and "out of range" in r.output, r.output
+    assert not (out / "config.json").exists()
+    r = runner.invoke(app, base + ["--model", model, "--layers", "-1"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, base[:-1] + ["2", "--model", model])  # other degrees: refused with the flags to continue
+    assert r.exit_code == 1 and "another configuration" in r.output, r.output
+    fix = r.output.split("Fix:", 1)[1]
+    cmd = shlex.split(fix.split("`")[1])[1:] + ["--text", str(txt), "--quiet"]
+    again = runner.invoke(app, cmd)
+    assert again.exit_code == 0, again.output  # the printed command resumes the finished run

@@ -90,7 +90,7 @@ def test_bad_configuration_and_cli_errors(tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["reproduce", "transformer", "--model", str(tmp_path / "missing"), "--out",
                             str(tmp_path / "c"), "--quiet"])
-    assert r.exit_code == 1 and "not available locally" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "does not exist" in r.output and "Traceback" not in r.output
     txt = tmp_path / "t.txt"
     txt.write_text("too short")
     r = runner.invoke(app, ["reproduce", "transformer", "--model", model, "--text", str(txt), "--out",

@@ -25,6 +25,18 @@ def _ints(values: list[str], name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def continue_flags(old: dict) -> str:
+    """The ``reproduce transformer`` flags that continue the run whose ``config.json`` is ``old``."""
+    layers = "all" if old.get("layers") is None else ",".join(str(i) for i in old["layers"])
+    flags = [f"--model {old['model']}", f"--layers {layers}", "--degrees " + " ".join(map(str, old["degrees"]))]
+    flags += [f"--input-model {m}" for m in old["input_models"]]
+    flags += ["--quick" if old.get("run") == "quick" else "--no-quick",
+              f"--max-tokens {old['capture']['max_tokens']}", f"--ctx-len {old['capture']['ctx_len']}",
+              f"--covariance {old['covariance']}", f"--mixture-components {old['mixture_components']}",
+              f"--hybrid-steps {old['hybrid']['steps']}", f"--seed {old['seed']}"]
+    return " ".join(flags)
+
+
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
     from mlpinterp.experiments.transformer_config import INPUT_MODELS, TransformerExperiment
@@ -36,13 +48,15 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         ctx: typer.Context,
         model: str = typer.Option(default.model, help="'minilm' (the embedded all-MiniLM-L6-v2) or a Hugging Face "
                                                       "name / local path whose weights are already on disk."),
-        layers: str = typer.Option("all", help="FFN blocks to analyse: 'all' or indices, e.g. '0,3,5'."),
+        layers: str = typer.Option("", help="FFN blocks to analyse: 'all' or indices, e.g. '0,3,5' or '0,-1' (first "
+                                  "and last) [default: all; with --quick: 0,-1]."),
         degrees: list[str] = typer.Option([str(d) for d in default.degrees], help="Degrees: --degrees 1 2 3."),
         input_model: list[str] = typer.Option(list(INPUT_MODELS), help="Input model(s), repeatable: "
                                               + " | ".join(INPUT_MODELS) + "."),
         out: Path = typer.Option(Path("runs/transformer"), help="Output directory (resumable)."),
-        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in minutes on a CPU "
-                                   f"({quick_cfg.capture.max_tokens:,} tokens, K = {quick_cfg.mixture_components}, "
+        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in about 3 minutes on a "
+                                   f"2-core CPU (blocks {','.join(map(str, quick_cfg.layers))} unless --layers, "
+                                   f"{quick_cfg.capture.max_tokens:,} tokens, K = {quick_cfg.mixture_components}, "
                                    f"{quick_cfg.hybrid.steps} fine-tuning steps): no verdicts."),
         text: Path = typer.Option(None, help="Text file or directory of *.txt (default: ../shared/data/text)."),
         max_tokens: int = typer.Option(0, min=0, help=f"Content tokens to read (0: {default.capture.max_tokens:,}; "
@@ -64,7 +78,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         import torch
 
         from mlpinterp.cli.errors import expected_errors
-        from mlpinterp.experiments.transformer import run_transformer
+        from mlpinterp.experiments.transformer import RunConfigConflict, run_transformer
         from mlpinterp.lm.text import read_texts
 
         if threads:
@@ -75,9 +89,11 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             raise typer.BadParameter(f"unexpected arguments {extra}")
         kw: dict = {"model": model, "degrees": degs, "input_models": tuple(input_model), "covariance": covariance,
                     "seed": seed}
-        if layers != "all":
+        if layers == "all":
+            kw["layers"] = None
+        elif layers:
             kw["layers"] = _ints([layers], "--layers")
-        with expected_errors(fix="see `mlpinterp reproduce transformer --help`"):
+        with expected_errors(fix="check the value named above; `mlpinterp reproduce transformer --help` lists them"):
             exp = TransformerExperiment.quick(**kw) if quick else TransformerExperiment(**kw)
             if max_tokens:
                 exp = replace(exp, capture=replace(exp.capture, max_tokens=max_tokens,
@@ -89,5 +105,14 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             if hybrid_steps:
                 exp = replace(exp, hybrid=replace(exp.hybrid, steps=hybrid_steps))
             texts = read_texts(text) if text is not None else None
-            res = run_transformer(out, exp, quiet=quiet, texts=texts)
+            if quiet:
+                import transformers
+
+                transformers.utils.logging.disable_progress_bar()
+            try:
+                res = run_transformer(out, exp, quiet=quiet, texts=texts)
+            except RunConfigConflict as e:
+                e.fix = (f"continue that run with `mlpinterp reproduce transformer {continue_flags(e.old)} --out "
+                         f"{out}` (and the same --text), or choose a new --out")
+                raise
         typer.echo(f"wrote {out / 'report.md'} and {out / 'report.html'} ({res['seconds']:.0f} s)")

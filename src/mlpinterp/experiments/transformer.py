@@ -251,17 +251,29 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def _check_config(out: Path, exp: TransformerExperiment) -> None:
+class RunConfigConflict(ValueError):
+    """``out`` holds a run with another configuration; ``old`` is that run's ``config.json`` (for a CLI to say how
+    to continue it)."""
+
+    def __init__(self, message: str, old: dict):
+        super().__init__(message)
+        self.old = old
+
+
+def _check_config(out: Path, exp: TransformerExperiment) -> dict:
+    """Refuse ``out`` if it holds a run with another configuration; returns this run's configuration as JSON
+    (written to ``out/config.json`` by the caller once the run's inputs are validated, so a command that fails on
+    a bad model or layer leaves nothing that blocks the corrected command)."""
     cfg_path = out / "config.json"
     cfg = json.loads(json.dumps(asdict(exp)))
     if cfg_path.exists():
         old = read_json(cfg_path, what="run configuration")
         if old != cfg:
             diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
-            raise ValueError(f"{str(out)!r} holds a run with another configuration (differs in {diff}); use a new "
-                             "--out or delete the directory")
-    else:
-        atomic_write_json(cfg_path, cfg)
+            raise RunConfigConflict(f"{str(out)!r} holds a run with another configuration (differs in {diff}); "
+                                    "continue it with its own settings, use a new --out or delete the directory",
+                                    old)
+    return cfg
 
 
 def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *, quiet: bool = False,
@@ -273,20 +285,24 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     from mlpinterp.lm.text import read_texts, texts_digest
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    _check_config(out, exp)
+    cfg = _check_config(out, exp) if out.is_dir() else json.loads(json.dumps(asdict(exp)))
     t_run = time.perf_counter()
     model, tok = load_model(exp.model)
     paths = ffn_paths(model)
-    idx = list(range(len(paths))) if exp.layers is None else list(exp.layers)
-    bad = [i for i in idx if not 0 <= i < len(paths)]
+    bad = [i for i in exp.layers or () if not -len(paths) <= i < len(paths)]
     if bad:
-        raise ValueError(f"layers {bad} out of range: the model has {len(paths)} FFN blocks (0..{len(paths) - 1})")
+        raise ValueError(f"layers {bad} out of range: the model has {len(paths)} FFN blocks (0..{len(paths) - 1}, "
+                         f"or -{len(paths)}..-1 from the last)")
+    idx = list(range(len(paths))) if exp.layers is None else \
+        list(dict.fromkeys(i % len(paths) for i in exp.layers))  # -1 -> the last; (0, -1) of one block -> [0]
     saes = dict(exp.saes)
     if set(saes) - set(idx):
         raise ValueError(f"SAEs given for layers {sorted(set(saes) - set(idx))}, which are not analysed ({idx})")
     sites = {paths[i]: ffn_site(model, paths[i]) for i in idx}
     texts = read_texts() if texts is None else texts
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "config.json").exists():
+        atomic_write_json(out / "config.json", cfg)
     _check_inputs(out, model_digest(model), texts_digest(texts))
     cap_path = out / "capture.safetensors"
     if cap_path.exists() and cap_path.with_suffix(".json").exists():  # both written: a complete capture

