@@ -133,7 +133,7 @@ def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str
                        vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(f"{site} ({g.shape[1]} alive)", fontsize=9)
         ax.set_xlabel("subcomponent (alive, sorted)")
-        ax.set_ylabel("input feature (one-hot)")
+    axes[0][0].set_ylabel("input feature (one-hot)")
     fig.colorbar(im, ax=axes[0].tolist(), label="causal importance")
     save_fig(fig, path)
 
