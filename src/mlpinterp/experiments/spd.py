@@ -24,7 +24,7 @@ from torch import nn
 
 from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import get_target, setting_spec
+from mlpinterp.experiments.apd import get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.spd import (
     SPDConfig,
@@ -243,17 +243,6 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     atomic_write_json(out / "metrics.json", result)
     rep.write_report(out, render_report(result), title=f"SPD reproduction: {setting}")
     return result
-
-
-def paper_statistic(per_seed: list[dict]) -> dict:
-    """The papers' Table 1 statistic: one run (the best by MMCS of the first three seeds, as APD's reference kept
-    the best of 3 instances), mean ± std over the target's features of the per-feature max cosine and L2 ratio."""
-    first = per_seed[:3]
-    best = max(first, key=lambda m: m["mmcs"])
-    cos, ratio = np.asarray(best["max_cos"]), np.asarray(best["l2_ratio"])
-    sd = lambda a: float(a.std(ddof=1)) if len(a) > 1 else None
-    return {"seed": best["seed"], "of_seeds": len(first), "mmcs": float(cos.mean()), "mmcs_std_over_features": sd(cos),
-            "ml2r": float(ratio.mean()), "ml2r_std_over_features": sd(ratio), "n_features": len(cos)}
 
 
 def _pm(mean: float, std: float | None, fmt: str = ".3f") -> str:
