@@ -28,6 +28,9 @@ def test_cli_tms_quick(tmp_path):
     assert 0.0 <= metrics["summary"]["mmcs"][0] <= 1.0
     report = (tmp_path / "report.md").read_text()
     assert "0.998 ± 0.000" in report and "0.893 ± 0.004" in report
+    ps = metrics["paper_statistic"]  # one seed here: the paper's way is that seed, ± over the 5 features
+    assert ps["n_features"] == 5 and ps["mmcs"] == pytest.approx(metrics["summary"]["mmcs"][0])
+    assert "computed the paper's way" in report and metrics["failed_seeds"] in (0, 1)
     for f in ("losses.png", "components.png", "components.safetensors", "apd/checkpoint.safetensors"):
         assert (tmp_path / "seed0" / f).exists(), f
     # rerunning resumes from the finished checkpoint and reproduces the metrics exactly

@@ -117,3 +117,17 @@ def test_lr_schedule():
     assert lr_at(10, cfg) == pytest.approx(1.0)
     assert lr_at(55, cfg) == pytest.approx(0.5)  # halfway through the 90 cosine steps
     assert lr_at(50, with_overrides(cfg, lr_schedule="constant")) == 1.0
+
+
+def test_device_argument(tms52):
+    cfg = APDConfig(C=5, steps=3, batch_size=256, log_every=1)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            decompose(tms52, _sample_tms, cfg, quiet=True, device="cuda")
+        cpu = decompose(tms52, _sample_tms, cfg, quiet=True, device="cpu")
+        ref = decompose(tms52, _sample_tms, cfg, quiet=True)
+        assert cpu.history == ref.history
+        return
+    gpu = decompose(tms52, _sample_tms, cfg, quiet=True, device="cuda")
+    assert gpu.components.A["W"].device.type == "cpu" and tms52.W.device.type == "cpu"
+    assert np.isfinite(gpu.history[-1]["total"])

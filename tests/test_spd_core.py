@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,3 +286,27 @@ def test_unknown_site_and_mismatched_shapes_raise():
         importance_minimality_loss({"a": torch.ones(2, 3)}, 0.0)
     with pytest.raises(ValueError, match="C \\(number of components\\)"):
         _dec(model, ["lin1"], C=0)
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def test_scrub_keep_masks_with_subcomponent_sets():
+    from mlpinterp.apd import scrub_keep_masks
+
+    active = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 0]], bool)
+    responsible = [np.array([0, 1]), np.array([2]), np.array([3, 4])]
+    ks, ka = scrub_keep_masks(active, responsible, 10, np.random.default_rng(0))
+    resp = [{0, 1}, {2, 3, 4}, set()]
+    for b in range(3):
+        zs, za = set(np.flatnonzero(ks[b].numpy() == 0)), set(np.flatnonzero(ka[b].numpy() == 0))
+        assert len(zs) == 5 and not zs & resp[b]  # scrubbed: half ablated, none responsible
+        assert len(za) == 5 and resp[b] <= za  # anti-scrubbed: every responsible one ablated
+
+
+def test_alive_and_per_feature_counts_on_hand_importances():
+    from mlpinterp.spd import alive_subcomponents, responsible_sets, subcomponents_per_feature
+
+    ci = {"a": torch.tensor([[0.9, 0.05, 0.0], [0.2, 0.1, 0.0], [0.0, 0.5, 0.11]])}
+    assert alive_subcomponents(ci)["a"].tolist() == [True, True, True]
+    assert alive_subcomponents(ci, 0.3)["a"].tolist() == [True, True, False]
+    assert subcomponents_per_feature(ci)["a"].tolist() == [1, 1, 2]
+    assert [s.tolist() for s in responsible_sets(ci["a"])] == [[0], [0], [1, 2]]

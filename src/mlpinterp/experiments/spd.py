@@ -24,7 +24,7 @@ from torch import nn
 
 from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import get_target, setting_spec
+from mlpinterp.experiments.apd import get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.spd import (
     SPDConfig,
@@ -85,9 +85,10 @@ PRESETS: dict[str, SPDConfig] = {
 
 #: Reduced presets for a CPU (same losses and coefficients; fewer steps, smaller batches).
 QUICK: dict[str, dict] = {
-    "tms-5-2": dict(steps=5000, batch_size=1024, log_every=250),
+    # lr 1e-2: a probe on the seed-0 target at this budget gave ML2R 0.08 (lr 1e-3), 0.42 (3e-3), 0.61 (1e-2)
+    "tms-5-2": dict(steps=5000, batch_size=1024, lr=1e-2, log_every=250),
     "tms-40-10": dict(steps=2000, batch_size=512, log_every=100),
-    "tms-5-2-id": dict(steps=5000, batch_size=1024, log_every=250),
+    "tms-5-2-id": dict(steps=5000, batch_size=1024, lr=1e-2, log_every=250),
     "tms-40-10-id": dict(steps=2000, batch_size=512, log_every=100),
     "resid-mlp-1": dict(steps=5000, batch_size=256, log_every=250),
     # measured 0.49 s/step at batch 256 and 1.2 s/step at batch 128 (C = 500, d_gate 128) at load 10: pipeline checks
@@ -132,7 +133,7 @@ def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str
                        vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(f"{site} ({g.shape[1]} alive)", fontsize=9)
         ax.set_xlabel("subcomponent (alive, sorted)")
-        ax.set_ylabel("input feature (one-hot)")
+    axes[0][0].set_ylabel("input feature (one-hot)")
     fig.colorbar(im, ax=axes[0].tolist(), label="causal importance")
     save_fig(fig, path)
 
@@ -158,6 +159,13 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
                    distinct_matches=int(len(set(mcs.tolist()))))
         m2, r2, *_ = column_match(W, P["linear2"].transpose(1, 2))
         out.update(mmcs_linear2=m2, ml2r_linear2=r2)
+        # the same over the alive subcomponents only: a dead subcomponent keeps a tiny norm, and faithfulness makes
+        # it absorb the live one's shortfall W_j - U V_j, which is parallel to W_j, so it can win the argmax with a
+        # cosine of 1 and an L2 ratio near 0
+        live = torch.from_numpy(alive["linear1"])
+        if live.any():
+            ma, ra, mcs_a, *_ = column_match(W, P["linear1"][live])
+            out.update(mmcs_alive=ma, ml2r_alive=ra, n_alive_linear1=int(live.sum()))
         norms = P["linear1"].flatten(1).norm(dim=1).numpy()
         shown = np.argsort(-norms)[:min(dec.C, 2 * spec.n_features if W.shape[0] == 2 else dec.C)]
         plot_tms(W.numpy(), P["linear1"][torch.from_numpy(np.sort(shown))].numpy(), seed_dir / "components.png")
@@ -174,6 +182,9 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
             any(len(sets[k][i]) for k in ins) and all((served[k][sets[k][i]] == 1).all() for k in ins)
             for i in range(spec.n_features)))
         out["features_one_distinct"] = {k: int(len(set(v))) for k, v in owners.items()}
+        outs = [s.name for s in dec.sites if s.name.endswith("mlp_out")]
+        out["mlp_out_coactive"] = {k: float((ci1[k][:, torch.from_numpy(alive[k])] > ALIVE_THRESHOLD).float().mean())
+                                   if alive[k].any() else None for k in outs}
         xs = x[(x != 0).any(1)]
         res = scrubbing(model, dec, xs, sets, seed=seed)
         summ = res.summary()
@@ -227,22 +238,11 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         result["failed_seeds"] = int(sum(v < FAILED_MMCS for v in result["mmcs"]))
         result["paper_statistic"] = paper_statistic(per_seed)
     result["summary"] = {k: rep.summary([m[k] for m in per_seed]).to_dict()
-                         for k in ("mmcs", "ml2r", "ci_masked_mse", "stochastic_masked_mse", "scrubbed_mse",
+                         for k in ("mmcs", "ml2r", "mmcs_alive", "ml2r_alive", "ci_masked_mse", "stochastic_masked_mse", "scrubbed_mse",
                                    "anti_scrubbed_mse", "seconds") if all(k in m for m in per_seed)}
     atomic_write_json(out / "metrics.json", result)
     rep.write_report(out, render_report(result), title=f"SPD reproduction: {setting}")
     return result
-
-
-def paper_statistic(per_seed: list[dict]) -> dict:
-    """The papers' Table 1 statistic: one run (the best by MMCS of the first three seeds, as APD's reference kept
-    the best of 3 instances), mean ± std over the target's features of the per-feature max cosine and L2 ratio."""
-    first = per_seed[:3]
-    best = max(first, key=lambda m: m["mmcs"])
-    cos, ratio = np.asarray(best["max_cos"]), np.asarray(best["l2_ratio"])
-    sd = lambda a: float(a.std(ddof=1)) if len(a) > 1 else None
-    return {"seed": best["seed"], "of_seeds": len(first), "mmcs": float(cos.mean()), "mmcs_std_over_features": sd(cos),
-            "ml2r": float(ratio.mean()), "ml2r_std_over_features": sd(ratio), "n_features": len(cos)}
 
 
 def _pm(mean: float, std: float | None, fmt: str = ".3f") -> str:
@@ -277,17 +277,25 @@ def render_report(result: dict) -> str:
              "features)", "SPD paper (one run; ± over features)", "APD ours (docs/apd.md)", "APD paper"], rows), "",
             f"Failed seeds (MMCS < {FAILED_MMCS}): **{result['failed_seeds']} of {n}**.", "",
             f"Verdict: {v}", ""]
-        head = ["seed", "MMCS", "ML2R", "distinct matches", "MMCS linear2", "alive per site",
+        head = ["seed", "MMCS", "ML2R", "MMCS / ML2R over alive subcomponents", "distinct matches", "MMCS linear2",
+                "alive per site",
                 "CI-masked MSE", "stochastic-masked MSE", "seconds"]
-        body = [[m["seed"], f"{m['mmcs']:.4f}", f"{m['ml2r']:.4f}", m["distinct_matches"], f"{m['mmcs_linear2']:.4f}",
+        body = [[m["seed"], f"{m['mmcs']:.4f}", f"{m['ml2r']:.4f}",
+                 f"{m['mmcs_alive']:.4f} / {m['ml2r_alive']:.4f}" if "mmcs_alive" in m else "—",
+                 m["distinct_matches"], f"{m['mmcs_linear2']:.4f}",
                  ", ".join(f"{k}: {v}" for k, v in m["alive"].items()), f"{m['ci_masked_mse']:.3g}",
                  f"{m['stochastic_masked_mse']:.3g}", f"{m['seconds']:.0f}"] for m in per]
         expect = "W: m₂ = n_features alive subcomponents in linear1 and linear2" + (
             ", m₁ = d_hidden in identity" if setting.endswith("-id") else "")
-        lines += ["## Per seed", "", rep.md_table(head, body), "", f"Expected (paper): {expect}.", ""]
+        lines += ["## Per seed", "", rep.md_table(head, body), "", f"Expected (paper): {expect}.", "",
+                  "MMCS / ML2R use every subcomponent (the papers' definition, used for the verdict and the failed-seed "
+                  "count); the alive-only column leaves out subcomponents whose causal importance never exceeds 0.1 "
+                  "(a dead subcomponent keeps a tiny norm and absorbs the live one's shortfall, which is parallel to "
+                  "the feature, so it can win the argmax with cosine 1 and L2 ratio near 0).", ""]
     else:
         head = ["seed", "alive per site", "features with exactly one W_in subcomponent", "distinct owners",
-                "features covered", "features served only by their own W_in subcomponents", "CI-masked MSE", "scrubbed MSE", "anti-scrubbed MSE", "anti / scrubbed",
+                "features covered", "features served only by their own W_in subcomponents",
+                "W_out: fraction of its alive subcomponents important per feature", "CI-masked MSE", "scrubbed MSE", "anti-scrubbed MSE", "anti / scrubbed",
                 "seconds"]
         body = []
         for m in per:
@@ -295,7 +303,9 @@ def render_report(result: dict) -> str:
             body.append([m["seed"], ", ".join(f"{k}: {v}" for k, v in m["alive"].items()),
                          ", ".join(f"{k}: {v}" for k, v in m["features_with_one_subcomponent"].items()),
                          ", ".join(f"{k}: {v}" for k, v in m["features_one_distinct"].items()),
-                         m["features_covered"], m["features_monosemantic"], f"{m['ci_masked_mse']:.3g}", f"{m['scrubbed_mse']:.3g}",
+                         m["features_covered"], m["features_monosemantic"],
+                         ", ".join(f"{k}: {rep.fmt_value(v, '.2f')}" for k, v in m["mlp_out_coactive"].items()),
+                         f"{m['ci_masked_mse']:.3g}", f"{m['scrubbed_mse']:.3g}",
                          f"{m['anti_scrubbed_mse']:.3g}", f"{ratio:.2f}", f"{m['seconds']:.0f}"])
         good = [m["features_monosemantic"] == setting_spec(setting).n_features
                 and m["anti_scrubbed_mse"] >= 3 * m["scrubbed_mse"] for m in per]

@@ -1,0 +1,35 @@
+"""Options and the run helper shared by ``reproduce apd`` and ``reproduce spd`` (the parameter-space toys).
+
+Each option is an ``Annotated`` type, so both commands declare ``seeds: Seeds = 3`` and get the same flag, bounds
+and help text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (targets and decompositions).")]
+Out = Annotated[Path, typer.Option("--out", help="Output directory (resumable: a rerun continues).")]
+Quick = Annotated[bool, typer.Option("--quick/--no-quick", help="Reduced CPU preset (fewer steps, smaller batches): "
+                                                                 "a pipeline check, never a reproduction.")]
+Device = Annotated[str, typer.Option("--device", help="Where to train: cpu, cuda, cuda:1, ...")]
+Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", help="No progress bars.")]
+Steps = Annotated[int | None, typer.Option("--steps", min=1, help="Override the preset's number of steps.")]
+Lr = Annotated[float | None, typer.Option("--lr", min=0.0, help="Override the preset's peak learning rate.")]
+Threads = Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads.")]
+
+
+def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool, steps: int | None,
+        lr: float | None, threads: int, device: str) -> dict:
+    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides, expected failures as ``Error:``/``Fix:``."""
+    import torch
+
+    from mlpinterp.cli.errors import expected_errors
+
+    torch.set_num_threads(threads)
+    overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {})}
+    with expected_errors("use another --out for a different configuration, or --device cpu without CUDA"):
+        return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device)
