@@ -56,7 +56,7 @@ def test_reproduce_polynomial_rejects_bad_options(tmp_path):
 
 
 def test_reproduce_polynomial_final_only_quadratic_policy(tmp_path):
-    """The MNIST-scale policy (mixture quadratic at the final checkpoint only) yields gaps, not crashes."""
+    """The final-only policy (`--quadratic-mixture-steps final`) yields gaps, not crashes."""
     out = tmp_path / "run"
     args = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--steps", "32", "--quiet",
             "--quadratic-mixture-steps", "final"]

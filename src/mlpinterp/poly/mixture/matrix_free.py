@@ -52,7 +52,8 @@ when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual
 (default 1e-4). CG minimises the energy-norm error, which *is* the excess mean squared error of the iterate,
 and we estimate it over a window of steps (see ``_pcg``). If the true residual misses the target, CG restarts
 from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
-refinement: float32 operator applications inside, float64 residuals outside. A direction with
+refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
+true residuals outside. A direction with
 ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError``; a direction with ``<p, M p> = 0`` (a null
 direction reached by rounding) stops that output, and the true residual decides.
 """
@@ -228,20 +229,23 @@ def _cast(theta, dtype):
 
 
 def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0: float, gains: list, *, tol, fvu_tol, residual_tol,
-               window, maxiter, reduction, bar):
-    """PCG on ``M d = r0`` from ``d = 0`` in ``op``'s dtype; the stopping rules use the global quantities.
+               window, maxiter, reduction, bar, precondition=None):
+    """PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
-    ``rhs_norm [o]``: norms of the original right-hand side; ``explained0``: variance explained by the outer
-    iterate; ``gains``: the energy decreases of all earlier steps (appended to). Returns
-    ``(d, stop, iterations, residual_history, explained_history)``.
+    The CG vectors and recurrences stay in ``r0``'s dtype (float64); only the operator applications run in
+    ``op.dtype`` (float32 GEMMs lose no CG orthogonality: as many iterations as float64). ``precondition``:
+    default ``op.precondition``. ``rhs_norm [o]``: norms of the original right-hand side; ``explained0``:
+    variance explained by the outer iterate; ``gains``: the energy decreases of all earlier steps (appended to).
+    Returns ``(d, stop, iterations, residual_history, explained_history)``.
     """
     torch = op.torch
     eps = torch.finfo(op.dtype).eps
-    res = _cast(r0, op.dtype)
-    rn = rhs_norm.to(op.dtype)
+    precondition = precondition or op.precondition
+    res = r0
+    rn = rhs_norm
     r0_norm = torch.sqrt(_dot(res, res))
     d = tuple(torch.zeros_like(t) for t in res)
-    z = op.precondition(res)
+    z = precondition(res)
     p = z
     rz = _dot(res, z)
     residuals, explained = [], []
@@ -249,7 +253,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0: float, gains: lis
     stop, it = "maxiter", 0
     explained_k = explained0
     while it < maxiter:
-        Ap = op.apply(p)
+        Ap = op.apply(p) if op.dtype == p[0].dtype else _cast(op.apply(_cast(p, op.dtype)), p[0].dtype)
         pAp = _dot(p, Ap)
         scale = torch.sqrt(_dot(p, p) * _dot(Ap, Ap))
         neg = active & (pAp < -100 * eps * scale)
@@ -265,7 +269,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0: float, gains: lis
         d = _axpy(alpha, p, d)
         res = _axpy(-alpha, Ap, res)
         gain = float((alpha * rz).sum())
-        z = op.precondition(res)
+        z = precondition(res)
         rz_new = _dot(res, z)
         ok = active & (rz > 0)
         beta = torch.where(ok, rz_new / torch.where(ok, rz, torch.ones_like(rz)), torch.zeros_like(rz))
@@ -314,8 +318,8 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     variance explained so far, ``E[f^2] - E[(f - p_k)^2] - E[f]^2 = theta_k . (rhs + r_k) - E[f]^2`` (pooled over
     outputs; it increases monotonically to Var(p*)), a proxy for Var(f).
 
-    Each sweep runs PCG in ``inner``'s dtype (default: ``op64``) on the true residual of the float64 iterate and
-    adds its correction; a sweep ends on the rules of the module docstring, on a float32 residual reduction of
+    Each sweep runs PCG with ``inner``'s operator (default: ``op64``; float32 for mixed precision) on the true
+    residual of the float64 iterate and adds its correction; a sweep ends on the rules of the module docstring, on a float32 residual reduction of
     1e-6 (``"refine"``) or when every output's direction is null (``"stalled"``); then the true residual is
     recomputed with ``op64``. ``x0``: starting point (default 0).
     """
@@ -344,7 +348,7 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
         explained0 = float((_dot(x, rhs) + _dot(x, res)).sum()) - mean_sq
         d, stop, n, rh, eh = _inner_pcg(inner, res, rhs_norm, explained0, gains, tol=tol, fvu_tol=fvu_tol,
                                         residual_tol=residual_tol, window=window, maxiter=maxiter - it,
-                                        reduction=reduction, bar=bar)
+                                        reduction=reduction, bar=bar, precondition=op64.precondition)
         it += n
         residuals += rh
         explained += eh
