@@ -59,9 +59,9 @@ direction reached by rounding) stops that output, and the true residual decides.
 
 Cost at MNIST scale (r = 712, K = 10): one operator application is 2 K GEMMs of size r^3 per output, 96 % of
 the time (``benchmarks/profile_mixture_operator.py``). On the 784-256-10 ReLU MLP of
-``benchmarks/bench_mixture_solver.py`` (3 of its 10 outputs, load 11): 68 iterations, 46.7 s CPU in float32
-with float64 refinement (1.62x the float64 solver before issue 12), 27.2 s warm-started from the previous
-checkpoint (2.78x); see ``docs/polynomial.md``.
+``benchmarks/bench_mixture_solver.py`` (3 of its 10 outputs, load 12-13): 68 iterations, 47.6 s CPU in float32
+with float64 refinement (1.59x the float64 solver before issue 12), 22.7 s warm-started from the previous
+checkpoint (3.32x); see ``docs/polynomial.md``.
 """
 
 from __future__ import annotations
