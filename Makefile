@@ -12,7 +12,7 @@ $(BIN)/mlpinterp: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,text,interop]'
+	$(BIN)/pip install -q -e '.[dev,text,interop,eeg]'
 	@touch $@
 
 install: $(BIN)/mlpinterp

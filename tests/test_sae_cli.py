@@ -66,9 +66,9 @@ def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights(tmp_path):
 
 
 def test_reproduce_mfr_rejects_unknown_setting(tmp_path):
-    res = runner.invoke(app, ["reproduce", "mfr", "--setting", "eeg", "--k", "6", "--out", str(tmp_path)])
+    res = runner.invoke(app, ["reproduce", "mfr", "--setting", "bogus", "--k", "6", "--out", str(tmp_path)])
     assert res.exit_code != 0
-    assert "--setting must be 'synthetic', 'minilm' or 'gpt2'" in res.output
+    assert "--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg'" in cli_utils.flat(res.output)
 
 
 def test_sae_train_on_minilm_tiny(tmp_path):

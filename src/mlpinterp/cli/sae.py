@@ -1,6 +1,8 @@
 """CLI commands for the sae part of mlpinterp.
 
-* ``mlpinterp reproduce mfr --setting synthetic|minilm --k 6 12 18 24 30 --seeds N --out DIR [--quick] [--quiet]``
+* ``mlpinterp reproduce mfr --setting synthetic|minilm|lm --k 6 12 18 24 30 --seeds N --out DIR [--quick] [--quiet]``
+  (``--setting lm --model PATH|gpt2``: the paper's Table 2 protocol on a causal LM's layer-0 MLP output;
+  ``--setting eeg --data DIR``: EDF recordings under DIR, e.g. the TUH EEG corpus)
 * ``mlpinterp sae train --model minilm --hook-point encoder.layer.3.output --k 32 --d-sae 3072 --out DIR``
   (one TopK SAE, or ``--n-saes N --mfr`` for MFR; ``torchrun ... --distributed ddp|ensemble`` for several
   processes); writes SAEBench core metrics of every SAE on held-out text to ``OUT/metrics.json``.
@@ -13,44 +15,21 @@ without a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
+from mlpinterp.cli.errors import expected_errors, fail
+
 _MULTI = {"allow_extra_args": True, "ignore_unknown_options": False}
 
 
-def fail(message: str) -> typer.Exit:
-    """Print ``Error: message`` to stderr and return the ``typer.Exit(1)`` to raise (no traceback)."""
-    typer.secho(f"Error: {message}", err=True, fg="red")
-    return typer.Exit(code=1)
-
-
-@contextlib.contextmanager
-def expected_errors() -> Iterator[None]:
-    """Turn the library's precise ``ValueError`` / ``OSError`` (missing file, corrupt or mismatched artefact,
-    resume conflict) into a one-line CLI error without a traceback."""
-    try:
-        yield
-    except (ValueError, OSError) as e:
-        raise fail(str(e)) from None
-
-
 def _eval_texts(text_dir: Path | None) -> tuple[list[str], list[str], list[str]]:
-    """(training texts, held-out texts, held-out file names): files with 'test' in the name are held out."""
-    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts
+    """(training texts, held-out texts, held-out file names), split by :func:`mlpinterp.lm.text.split_files`."""
+    from mlpinterp.lm.text import read_texts, split_files
 
-    d = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
-    if not d.is_dir():
-        raise FileNotFoundError(f"--text-dir {str(d)!r} is not a directory")
-    files = sorted(d.glob("*.txt"))
-    if not files:
-        raise ValueError(f"--text-dir {str(d)!r} holds no *.txt files")
-    held = [f for f in files if "test" in f.name] or files[-1:]
-    train = [f for f in files if f not in held] or files
+    train, held = split_files(text_dir)
     return read_texts(train), read_texts(held), [f.name for f in held]
 
 
@@ -82,7 +61,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("mfr", context_settings=_MULTI)
     def reproduce_mfr(
         ctx: typer.Context,
-        setting: str = typer.Option("synthetic", help="synthetic | minilm | gpt2 (GPT-2 weights must be on disk)"),
+        setting: str = typer.Option("synthetic", help="synthetic | minilm | lm (a causal LM's layer-0 MLP output, "
+                                    "the paper's Table 2) | gpt2 (mid-depth residual stream; weights on disk)"),
+        model: str = typer.Option("", help="--setting lm: a train-lm output directory or 'gpt2' (weights on disk; "
+                                  "default gpt2)."),
         k: list[str] = typer.Option(["6", "12", "18", "24", "30"], help="TopK k values: --k 6 12 18 24 30"),
         seeds: int = typer.Option(3, min=1, help="Seeds per (k, condition)."),
         out: Path = typer.Option(Path("runs/mfr"), help="Output directory (resumable)."),
@@ -90,7 +72,16 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, help="No progress bars."),
         steps: int = typer.Option(0, min=0, help="Override the number of steps (0: setting default)."),
         device: str = typer.Option("cpu", help="torch device, e.g. cuda."),
-        hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream)."),
+        hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream) "
+                                       "or lm (default: transformer.h.0.mlp)."),
+        text_dir: Path = typer.Option(None, help="minilm/lm/gpt2: directory of *.txt documents (default: "
+                                      "../shared/data/text; files with 'test' in the name are held out)."),
+        data: Path = typer.Option(None, help="--setting eeg: directory of EDF/EDF+ recordings (searched "
+                                  "recursively), e.g. a TUH EEG download."),
+        channels: str = typer.Option("", help="--setting eeg: comma-separated channel labels as in the EDF header "
+                                     "(default: those common to every recording)."),
+        window: int = typer.Option(0, min=0, help="--setting eeg: samples per vector at 128 Hz (0: 32; 1: one "
+                                   "channel vector per time step)."),
         n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
         alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
         extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
@@ -111,12 +102,38 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
               **({"steps": steps} if steps else {}),
               **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
         with expected_errors():
-            metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out)
+            if (data is not None or channels or window) and setting != "eeg":
+                raise typer.BadParameter(f"--data, --channels and --window apply to --setting eeg, got --setting "
+                                         f"{setting!r}")
+            if setting == "eeg":
+                metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
+            else:
+                metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
         typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
 
+    def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str,
+                 window: int) -> dict:
+        """``reproduce mfr --setting eeg``; returns the metrics dict."""
+        from mlpinterp.data.eeg import EegConfig
+        from mlpinterp.experiments.mfr_eeg import EegExperiment, run_eeg
+
+        if data is None:
+            fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
+                 "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/sae.md, EEG)")
+        eeg = EegConfig(channels=tuple(c.strip() for c in channels.split(",") if c.strip()) or None,
+                        **({"window": window} if window else {}))
+        exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)
+        return run_eeg(out, exp, data, quiet=quiet, device=device)
+
     def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str,
-                 out: Path) -> dict:
+                 out: Path, model: str = "", text_dir: Path | None = None) -> dict:
         """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
+        if model and setting != "lm":
+            raise typer.BadParameter(f"--model applies to --setting lm, got --setting {setting!r}")
+        if setting == "lm":
+            kw.update(model=model or "gpt2", **({"hook_point": hook_point} if hook_point else {}))
+            exp = exp_mod.LmExperiment.quick(**kw) if quick else exp_mod.LmExperiment(**kw)
+            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
         if setting == "synthetic":
             exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
             return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
@@ -126,8 +143,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             elif hook_point:
                 kw["hook_point"] = hook_point
             exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
-            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device)
-        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm' or 'gpt2', got {setting!r}")
+            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
+        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg', got {setting!r}")
 
     @sae_app.command("train")
     def train(
@@ -237,7 +254,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             sae = TopKSae.load(sae_dir)
             name = model or sae.model_name
             if not name:
-                raise fail(f"{str(sae_dir)!r} records no model: pass --model")
+                fail(f"{str(sae_dir)!r} records no model", "pass --model")
             net, tok = load_model(name)
             _, held_texts, held_files = _eval_texts(text_dir)
             ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)

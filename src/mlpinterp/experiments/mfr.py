@@ -45,6 +45,8 @@ PAPER = {
     "synthetic_correlation_reinit": 0.668,
     "gpt2_max_reconstruction_improvement_pct": 21.21,
     "eeg_max_reconstruction_improvement_pct": 6.67,
+    "gpt2_layer0_mlp_ce_clean": 3.12,
+    "gpt2_layer0_mlp_ce_zero_ablated": 132.27,
 }
 """Numbers quoted in Marks et al. 2024 (abstract and sec. 4)."""
 
@@ -67,11 +69,11 @@ def conditions(base: tuple[str, ...], alpha: float | None,
 
 
 @dataclass(frozen=True)
-class SyntheticExperiment:
-    """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
+class MfrRuns:
+    """The runs of every MFR setting: k values x seeds x conditions (baseline, MFR, fixed-alpha MFR)."""
 
     k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
-    """TopK k, also the number of active features K per sample."""
+    """TopK k values."""
 
     seeds: int = 3
     """Seeds per (k, condition)."""
@@ -84,6 +86,14 @@ class SyntheticExperiment:
 
     extra_alphas: tuple[float, ...] = (0.1,)
     """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
+
+
+@dataclass(frozen=True)
+class SyntheticExperiment(MfrRuns):
+    """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
+
+    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
+    """TopK k, also the number of active features K per sample."""
 
     steps: int = 4000
     """Optimisation steps per run."""
@@ -392,19 +402,36 @@ def _report(out: Path, metrics: dict) -> None:
                          f"{_cell(c['rate_in_cluster'])} | {_cell(c['rate_outside'])} |")
         lines += ["", figure("synthetic_summary.png", "MMCS to truth, held-out FVU and corr(cross, truth) per k")]
     else:
-        down = ["loss_recovered"] if metrics["setting"] != "minilm" else ["cosine_recovered", "mse_recovered"]
-        lines += ["| k | condition | held-out FVU | L0 | dead fraction | " + " | ".join(d.replace("_", " ") for d in down)
-                  + " |", "|---|---|---|---|---|" + "---|" * len(down)]
+        setting = metrics["setting"]
+        down = {"minilm": ["cosine_recovered", "mse_recovered"], "eeg": []}.get(setting, ["loss_recovered"])
+        lines += ["| " + " | ".join(["k", "condition", "held-out FVU", "L0", "dead fraction",
+                                      *(d.replace("_", " ") for d in down)]) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(down)]
         for cond in s:
             for k, e in sorted(s[cond].items(), key=lambda kv: int(kv[0])):
-                lines.append(f"| {k} | {cond} | {_fmt(e['fvu'])} | {_fmt(e['l0'])} | {_fmt(e['dead_fraction'])} | "
-                             + " | ".join(_fmt(e[d]) for d in down) + " |")
+                cells = [k, cond, *(_fmt(e[key]) for key in ["fvu", "l0", "dead_fraction", *down])]
+                lines.append("| " + " | ".join(cells) + " |")
         for cond, imp in metrics.get("improvement_pct", {}).items():
             lines += ["", f"Relative reconstruction improvement of {cond} over the baseline (FVU; the paper's "
                       "statistic is the relative change of the reconstruction loss), per k: "
                       + ", ".join(f"k={k}: {v:+.2f} %" for k, v in imp.items())]
-        lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).", "",
-                  figure("minilm_summary.png", "held-out FVU, downstream recovery and dead fraction per k")]
+        if setting == "eeg":
+            d, tp = metrics["data"], metrics["throughput"]
+            lines += ["", f"(paper, TUH EEG: reconstruction {PAPER['eeg_max_reconstruction_improvement_pct']} % better "
+                      "with MFR at k = 24).", "",
+                      f"Data: {d['files']} recording(s) under `{d['dir']}` ({len(d['held_out_files'])} held out), "
+                      f"{len(d['channels'])} channels, d_in = {d['d_in']}; {d['train_vectors']:,} training and "
+                      f"{d['held_out_vectors']:,} held-out vectors. Throughput: reading + preprocessing "
+                      f"{tp['pipeline_vectors_per_second']:,.0f} vectors/s, SAE training (median over runs, all "
+                      f"SAEs of a run together) {tp['train_vectors_per_second_median']:,.0f} vectors/s; load average "
+                      f"{', '.join(f'{v:.1f}' for v in tp['load_average'])}.", "",
+                      figure("eeg_summary.png", "held-out FVU and dead fraction per k")]
+        else:
+            lines += ["", f"(paper, GPT-2 Small: up to {PAPER['gpt2_max_reconstruction_improvement_pct']} % better).",
+                      "", figure(_summary_png(setting == "lm"),
+                                 "held-out FVU, downstream recovery and dead fraction per k")]
+        if setting == "lm":
+            lines += ["", _table2(metrics)]
     lines += ["", "## Verdict against the baseline", "",
               "Paired per seed (same data and initial seeds); better / worse = beyond 2 standard errors over "
               ">= 2 seeds.", "", "| k | condition | verdict | why |", "|---|---|---|---|"]
@@ -427,6 +454,28 @@ def _report(out: Path, metrics: dict) -> None:
                 lines.append(f"| {k} | {cond} | " + " | ".join(_cell(e.get(c)) for c in cols) + " |")
     lines += ["", f"Total time: {metrics['seconds']:.0f} s."]
     write_report(out, "\n".join(lines), title=f"MFR reproduction: {metrics['setting']}")  # report.md + report.html
+
+
+def _table2(metrics: dict) -> str:
+    """The paper's Table 2 protocol: next-token cross-entropy clean / SAE spliced in / zero-ablated and the loss
+    recovered, per (k, condition), beside the paper's GPT-2 Small numbers."""
+    s = metrics["summary"]
+    lines = ["## Cross-entropy with the SAE spliced in (the paper's Table 2 protocol)", "",
+             f"Model `{metrics.get('model')}`, hook point `{metrics.get('hook_point')}` (its output replaced by the "
+             "SAE's reconstruction, or by zeros); next-token cross-entropy in nats/token on the held-out chunks; loss "
+             "recovered = (CE_zero - CE_spliced) / (CE_zero - CE_clean). The paper's columns are GPT-2 Small's "
+             "layer-0 MLP (its clean and zero-ablated CE; the per-k spliced CE of the paper are not quoted here). "
+             "Another model and tokenizer: compare the loss recovered, not the cross-entropies.", "",
+             "| k | condition | CE clean | CE spliced | CE zero-ablated | loss recovered | paper CE clean | "
+             "paper CE zero-ablated |", "|---|---|---|---|---|---|---|---|"]
+    for cond in s:
+        for k, e in sorted(s[cond].items(), key=lambda kv: int(kv[0])):
+            if "ce_spliced" not in e:
+                continue
+            lines.append(f"| {k} | {cond} | {_fmt(e['ce_clean'], '.3f')} | {_fmt(e['ce_spliced'], '.3f')} | "
+                         f"{_fmt(e['ce_zero'], '.3f')} | {_fmt(e['loss_recovered'])} | "
+                         f"{PAPER['gpt2_layer0_mlp_ce_clean']} | {PAPER['gpt2_layer0_mlp_ce_zero_ablated']} |")
+    return "\n".join(lines)
 
 
 def _reinits(runs: list[dict], cond: str, k: int) -> str:
@@ -461,11 +510,8 @@ def _fmt(e: dict, fmt: str = ".4f") -> str:
 
 # ----------------------------------------------------------------------------- MiniLM
 @dataclass(frozen=True)
-class MinilmExperiment:
+class MinilmExperiment(MfrRuns):
     """Settings of the MiniLM reproduction."""
-
-    k_values: tuple[int, ...] = (6, 12, 18, 24, 30)
-    """TopK k values."""
 
     seeds: int = 1
     """Seeds per (k, condition)."""
@@ -475,15 +521,6 @@ class MinilmExperiment:
 
     hook_point: str = "encoder.layer.3.output"
     """Residual stream after block 3 (d_in = 384); for GPT-2 use e.g. ``transformer.h.5``."""
-
-    n_saes: int = 2
-    """SAEs trained in parallel."""
-
-    alpha: float | None = None
-    """MFR penalty weight; None: initial penalty = initial reconstruction loss (the paper's rule)."""
-
-    extra_alphas: tuple[float, ...] = (0.1,)
-    """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
 
     d_sae: int = 3072
     """Latents (expansion factor 8)."""
@@ -519,12 +556,24 @@ class MinilmExperiment:
                       "eval_chunks": 32, "rematch_every": 25, **kw})
 
 
+@dataclass(frozen=True)
+class LmExperiment(MinilmExperiment):
+    """Settings of ``reproduce mfr --setting lm``: the paper's Table 2 protocol on a causal LM's layer-0 MLP output
+    (GPT-2 Small in the paper; a model trained by ``mlpinterp train-lm``, or any local causal LM)."""
+
+    model: str = "gpt2"
+    """A local causal LM: a ``train-lm`` output directory, or ``gpt2`` (its weights must be on disk)."""
+
+    hook_point: str = "transformer.h.0.mlp"
+    """Layer-0 MLP output, before the residual add (the paper's GPT-2 Small hook)."""
+
+
 def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
                device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
     from mlpinterp.lm.hooks import hook_activations
     from mlpinterp.lm.models import canonical_model_name, load_model
-    from mlpinterp.lm.text import DEFAULT_TEXT_DIR, read_texts, token_chunks
+    from mlpinterp.lm.text import read_texts, split_files, token_chunks
     from mlpinterp.sae.activations import ActivationConfig, ActivationSource
     from mlpinterp.sae.evaluate import evaluate_sae, is_causal_lm
 
@@ -534,10 +583,10 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     t_start = time.time()
     model, tok = load_model(exp.model)
     is_lm = is_causal_lm(model)
-    text_dir = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
-    files = sorted(text_dir.glob("*.txt"))
-    eval_files = [f for f in files if "test" in f.name] or files[-1:]
-    train_files = [f for f in files if f not in eval_files] or files
+    if isinstance(exp, LmExperiment) and not is_lm:
+        raise ValueError(f"model {exp.model!r} has no LM head ({type(model).__name__}): the lm setting measures "
+                         "next-token cross-entropy and needs a causal LM (e.g. a train-lm output directory)")
+    train_files, eval_files = split_files(text_dir)
     eval_ids = token_chunks(tok, read_texts(eval_files), exp.ctx_len, exp.eval_chunks)
     acfg = ActivationConfig(hook_point=exp.hook_point, ctx_len=exp.ctx_len, batch_size=exp.batch_size,
                             buffer_size=max(16 * exp.batch_size, 65536), max_chunks=exp.train_chunks)
@@ -584,12 +633,14 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                     res["lm"] = [{"ce_clean": p["ce_loss_without_sae"], "ce_spliced": p["ce_loss_with_sae"],
                                   "ce_zero": p["ce_loss_with_ablation"], "loss_recovered": p["ce_loss_score"]}
                                  for p in perf]
+                    for key in ("ce_clean", "ce_spliced", "ce_zero"):
+                        res[key] = [e[key] for e in res["lm"]]
                 else:
                     res.update({"cosine_recovered": [c["embedding_preservation"]["embedding_cossim_score"] for c in core],
                                 "mse_recovered": [c["embedding_preservation"]["embedding_mse_score"] for c in core]})
                 atomic_write_json(done, res)
                 results.append(res)
-    keys = ["fvu", "l0", "dead_fraction", "loss_recovered"] if is_lm else \
+    keys = ["fvu", "l0", "dead_fraction", "loss_recovered", "ce_clean", "ce_spliced", "ce_zero"] if is_lm else \
         ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
     summary = _summarise(results, keys)
     improvement: dict[str, dict[str, float]] = {}
@@ -598,25 +649,33 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
             b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
             if cond != "baseline" and b and m:
                 improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    metrics = {"setting": exp.model, "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
+    metrics = {"setting": "lm" if is_lm else exp.model, "model": exp.model, "hook_point": exp.hook_point,
+               "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "improvement_pct": improvement,
                "verdicts": _verdicts(results, "fvu", _run_kind(exp)), "saebench_core": _core_summary(results),
                "seconds": time.time() - t_start}
     atomic_write_json(out / "metrics.json", metrics)
-    _figures_minilm(out, summary, "loss_recovered" if is_lm else "cosine_recovered")
+    _figures_minilm(out, summary, "loss_recovered" if is_lm else "cosine_recovered", _summary_png(is_lm))
     _report(out, metrics)
     return metrics
 
 
-def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovered") -> None:
+def _summary_png(is_lm: bool) -> str:
+    return "lm_summary.png" if is_lm else "minilm_summary.png"
+
+
+def _figures_minilm(out: Path, summary: dict, downstream: str | None = "cosine_recovered",
+                    name: str = "minilm_summary.png") -> None:
+    """Per-k panels of held-out FVU, the ``downstream`` metric (none when None) and the dead fraction."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ["fvu", downstream, "dead_fraction"],
-                              ["held-out FVU", downstream.replace("_", " "), "dead fraction"], strict=True):
+    keys = ["fvu", *([downstream] if downstream else []), "dead_fraction"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.7 * len(keys), 4))
+    for ax, key in zip(axes, keys, strict=True):
+        label = {"fvu": "held-out FVU"}.get(key, key.replace("_", " "))
         for i, cond in enumerate(summary):
             ks = sorted(int(k) for k in summary[cond])
             ax.errorbar(ks, [summary[cond][str(k)][key]["mean"] for k in ks], color=_COLORS.get(cond, f"C{3 + i}"),
@@ -626,5 +685,5 @@ def _figures_minilm(out: Path, summary: dict, downstream: str = "cosine_recovere
         ax.set_xlabel("k")
         ax.set_title(label)
         ax.legend(fontsize=8)
-    _savefig(fig, out / "minilm_summary.png")
+    _savefig(fig, out / name)
     plt.close(fig)

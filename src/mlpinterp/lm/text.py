@@ -46,6 +46,27 @@ def read_texts(paths: Sequence[str | os.PathLike] | str | os.PathLike | None = N
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
 
 
+def split_files(text_dir: str | os.PathLike | None = None) -> tuple[list[Path], list[Path]]:
+    """``(train files, held-out files)`` of a directory of ``*.txt`` documents (default: the bundled corpora).
+
+    The held-out documents are the files with ``test`` in their name (wikitext-2 test among the bundled corpora),
+    or the last file when none has; the others train (all of them when the directory holds one file). Every
+    consumer of the corpora (SAE training and evaluation, the causal LM of :mod:`mlpinterp.lm.train`) splits here,
+    so a model is never evaluated on documents it, or the tokenizer, was trained on.
+
+    Raises ``FileNotFoundError`` if ``text_dir`` is not a directory and ``ValueError`` if it holds no ``*.txt``.
+    """
+    d = Path(text_dir) if text_dir is not None else DEFAULT_TEXT_DIR
+    if not d.is_dir():
+        raise FileNotFoundError(f"text directory {str(d)!r} is not a directory")
+    files = sorted(d.glob("*.txt"))
+    if not files:
+        raise ValueError(f"text directory {str(d)!r} holds no *.txt files")
+    held = [f for f in files if "test" in f.name] or files[-1:]
+    train = [f for f in files if f not in held] or files
+    return train, held
+
+
 def special_template(tokenizer) -> tuple[list[int], list[int]]:
     """(prefix, suffix) token ids the tokenizer adds around a text, e.g. ``([CLS], [SEP])`` or ``([], [])``."""
     with_sp = list(tokenizer("a")["input_ids"])

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from mlpinterp.data.dataset import Dataset
 from mlpinterp.models.classifier import Classifier, ClassifierConfig
+from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import load_tensors, save_tensors
 
 CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
@@ -94,16 +95,6 @@ def find_checkpoints(out_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if m and p.with_suffix(".safetensors").is_file():
             found.append((int(m.group(1)), p.with_suffix(".safetensors")))
     return sorted(found)
-
-
-def _batch_indices(seed: int, n: int, batch_size: int, step: int, cache: dict) -> np.ndarray:
-    """Indices of the batch used at 0-based ``step``: epoch-wise permutations, last partial batch dropped."""
-    per_epoch = n // batch_size
-    epoch, j = divmod(step, per_epoch)
-    if cache.get("epoch") != epoch:
-        cache["epoch"] = epoch
-        cache["perm"] = np.random.default_rng([seed, epoch]).permutation(n)
-    return cache["perm"][j * batch_size : (j + 1) * batch_size]
 
 
 @torch.no_grad()
@@ -322,7 +313,7 @@ def train_classifier(
     bar = tqdm(total=cfg.steps, initial=resume_step, disable=not progress, desc=f"train {data.name}", unit="step")
     try:
         for t in range(resume_step, cfg.steps):
-            idx = torch.from_numpy(_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(device)
+            idx = torch.from_numpy(epoch_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(device)
             loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
