@@ -69,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+from mlpinterp.utils.progress import progress_bar
 
 PRECONDITIONERS = ("diagonal", "pooled", "none")
 #: Eigenvalues of the preconditioner's (c, diag A) block, and moments ``E[u_i^2 u_j^2]``, at or below this
@@ -309,9 +310,8 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
         rel = float(rel_o.max())
         residuals.append(rel)
         explained.append(float(explained_k.sum()))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(rel_residual=f"{rel:.2e}", outputs=int(run.sum()))
+        bar.advance()
+        bar.postfix(rel_residual=rel, outputs=int(run.sum()))
         if rel <= tol:
             stop = "residual"
             break
@@ -377,11 +377,15 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     else:
         x = x0
         res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x0), strict=True))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
+        return _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol,
+                       window=window, maxiter=maxiter, reduction=reduction, max_sweeps=max_sweeps)
 
-        bar = tqdm(total=maxiter, desc="mixture CG", leave=False)
+
+def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_tol, window, maxiter, reduction,
+            max_sweeps):
+    """The refinement sweeps of ``_pcg`` (see there)."""
+    torch = op64.torch
     o = rhs_norm.shape[0]
     gains: list = []
     frozen = torch.zeros(o, dtype=torch.bool, device=rhs_norm.device)
@@ -416,8 +420,6 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
         converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
             break
-    if bar is not None:
-        bar.close()
     info = {
         "iterations": it,
         "relative_residual": float(true_rel.max()),
