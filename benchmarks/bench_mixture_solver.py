@@ -1,7 +1,7 @@
 """Exact mixture quadratic: today's matrix-free CG against a baseline revision, same problem, same run (issue 12).
 
 Case ``mnist`` (default): the 784-256-10 ReLU MLP of ``bench_mixture_mnist.py`` (400 Adam steps) under the 10-class
-MNIST mixture with empirical class covariances; ``mnist14``: the same on MNIST 2x2-average-pooled to 14x14
+MNIST mixture with empirical class covariances (``--d-hidden 512 --covariance ledoit-wolf``: the main job's); ``mnist14``: the same on MNIST 2x2-average-pooled to 14x14
 (d = 196, 196-256-10). The baseline is ``fit_mixture`` of ``--baseline-rev`` (default 82154cb, before issue 12),
 run in a subprocess from ``git archive`` of that revision with the same network, mixture and stopping rule
 (``fvu_tol`` 1e-6, ``tol`` 1e-10, float64, its pooled start). Today's solver runs in float64, float32 with float64
@@ -46,7 +46,7 @@ json.dump({"wall_s": wall, "cpu_s": cpu, "iterations": si["iterations"], "relati
 """
 
 
-def _problem(case: str):
+def _problem(case: str, d_hidden: int = 256, covariance: str = "empirical"):
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -61,8 +61,9 @@ def _problem(case: str):
 
         pool = lambda X: X.reshape(-1, 14, 2, 14, 2).mean((2, 4)).reshape(-1, 196).astype(np.float32)  # noqa: E731
         data = dataclasses.replace(data, X_train=pool(data.X_train), X_test=pool(data.X_test), image_shape=(14, 14))
-    nets = [train_mlp(data, 256, steps)[0] for steps in (400, 450)]  # two "checkpoints"
-    mix = GaussianMixture.from_labels(np.asarray(data.X_train, dtype=np.float64), data.y_train)
+    nets = [train_mlp(data, d_hidden, steps)[0] for steps in (400, 450)]  # two "checkpoints"
+    shrink = "ledoit-wolf" if covariance == "ledoit-wolf" else 0.0
+    mix = GaussianMixture.from_labels(np.asarray(data.X_train, dtype=np.float64), data.y_train, shrinkage=shrink)
     return nets, mix
 
 
@@ -71,10 +72,15 @@ def main() -> None:
     ap.add_argument("--case", default="mnist", choices=["mnist", "mnist14"])
     ap.add_argument("--solvers", nargs="+", default=["baseline", "float64", "float32", "warm32"],
                     choices=["baseline", "float64", "float32", "warm64", "warm32"])
+    ap.add_argument("--d-hidden", type=int, default=256)
+    ap.add_argument("--covariance", default="empirical", choices=["empirical", "ledoit-wolf"])
     ap.add_argument("--baseline-rev", default="82154cb")
     ap.add_argument("--baseline-cache", default=None,
                     help="directory keeping the baseline's answer and timings: reused by later runs (for a loaded "
                          "CPU, where one run cannot hold every solver: compare CPU seconds then)")
+    ap.add_argument("--outputs", type=int, default=10,
+                    help="keep the first N of the 10 outputs (each output's CG is independent and the time is "
+                         "proportional to the number of outputs: a loaded CPU's run then fits in 15 minutes)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -88,10 +94,14 @@ def main() -> None:
     from mlpinterp.poly.mixture.matrix_free import _dot
     from mlpinterp.poly.ridge import fit_ridge
 
-    print(f"case {args.case}, load average {os.getloadavg()}")
-    (net, net2), mix = _problem(args.case)
+    print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} class covariances, load average {os.getloadavg()}")
+    (net, net2), mix = _problem(args.case, args.d_hidden, args.covariance)
+    if args.outputs < 10:
+        from mlpinterp.networks import MLP
+
+        net, net2 = (MLP(n.W1, n.b1, n.W2[: args.outputs], n.b2[: args.outputs], "relu") for n in (net, net2))
     coords = coordinates_of(mix)
-    print(f"d = {mix.d}, support rank r = {coords.r}, K = {mix.K}, class ranks {[c.rank for c in mix.components]}")
+    print(f"d = {mix.d}, outputs {net.d_out}, support rank r = {coords.r}, K = {mix.K}, class ranks {[c.rank for c in mix.components]}")
     op = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
     t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
 
@@ -114,7 +124,8 @@ def main() -> None:
               f"{rows[name]['true_relative_residual']:.1e}  excess FVU vs baseline {exc}  load {os.getloadavg()[0]:.1f} {extra}",
               flush=True)
 
-    cache = Path(args.baseline_cache) / args.case if args.baseline_cache else None
+    tag = f"{args.case}-h{args.d_hidden}-{args.covariance}-o{net.d_out}"
+    cache = Path(args.baseline_cache) / tag if args.baseline_cache else None
     if cache is not None and (cache / "info.json").exists():
         info = json.loads((cache / "info.json").read_text())
         if abs(info["W1_sum"] - float(net.W1.sum())) > 1e-9 * abs(info["W1_sum"]):

@@ -56,7 +56,7 @@ def test_reproduce_polynomial_rejects_bad_options(tmp_path):
 
 
 def test_reproduce_polynomial_final_only_quadratic_policy(tmp_path):
-    """The MNIST-scale policy (mixture quadratic at the final checkpoint only) yields gaps, not crashes."""
+    """The final-only policy (`--quadratic-mixture-steps final`) yields gaps, not crashes."""
     out = tmp_path / "run"
     args = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--steps", "32", "--quiet",
             "--quadratic-mixture-steps", "final"]
@@ -286,3 +286,17 @@ def test_smoke_on_mnist_is_small_and_fits_every_checkpoint(tmp_path):
     assert res["dataset"]["d_in"] == 49  # 28x28 pooled 4x4 -> 7x7
     quad = res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"]
     assert len(quad) == 3 and all(v is not None for v in quad)  # every checkpoint by default
+
+
+@pytest.mark.skipif(not (Path(__file__).parents[1] / "../shared/data/mnist").exists(), reason="needs MNIST IDX files")
+def test_mnist_14x14_warm_starts_the_mixture_quadratic_along_the_run(tmp_path):
+    # 14x14 MNIST (d_in = 196) is past the dense solve: CG at every checkpoint, each started from the previous one.
+    out = tmp_path / "run"
+    args = ["reproduce", "polynomial", "--dataset", "mnist", "--seeds", "1", "--steps", "24", "--out", str(out),
+            "--smoke", "--max-image-side", "14", "--mc-samples", "500", "--quiet"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    infos = [json.loads((out / "seed0" / "eval" / f"step_{s:07d}.json").read_text())["approximants"]
+             ["quadratic_mixture"]["solver_info"] for s in (16, 24)]
+    assert [i["init"] for i in infos] == ["pooled", "warm"]
+    assert all(i["converged"] and i["dtype"] == "float32" and i["relative_residual"] <= 1e-4 for i in infos)

@@ -33,7 +33,8 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         matrix-free preconditioned CG (``"cg"``, ``poly/mixture/matrix_free.py``); ``"dense"`` builds the monomial
         Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
         schedule-free SGD on mixture samples), for comparison only.
-    options : passed to the solver (``tol``, ``maxiter``, ``device``, ``dtype``, ...).
+    options : passed to the solver (``tol``, ``fvu_tol``, ``maxiter``, ``device``, ``dtype``, ``warm_start``, ``init``, ...;
+        see ``poly.mixture.exact.fit_mixture``).
 
     Returns
     -------

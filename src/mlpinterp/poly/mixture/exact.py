@@ -86,7 +86,7 @@ def fit_mixture(
     device : torch device for the CG path (default: CUDA when available, else CPU).
     dtype : ``torch.float64`` (default) or ``torch.float32``: float32 operator applications inside CG, float64
         true residuals and iterative refinement outside (the same stopping rules, checked in float64).
-    progress : show a tqdm bar over CG iterations.
+    progress : show a progress bar over CG iterations (``mlpinterp.utils.progress``).
 
     Returns
     -------

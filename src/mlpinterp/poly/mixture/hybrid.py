@@ -22,6 +22,7 @@ from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial
 from mlpinterp.poly.ridge import fit_ridge
+from mlpinterp.utils.progress import progress_bar
 
 _OPTIMIZERS = ("sgd", "adamw")
 #: Default learning rates: stable on MNIST-scale inputs in [0, 1] (SGD needs lr < 1 / lambda_max(E[z z^T]) ~ 1 / E|x|^4).
@@ -76,7 +77,7 @@ def fit_sgd(
     n_eval : size of the fixed held-out mixture sample (seed ``seed + 1``)
     seed : seeds the batches, the held-out sample and torch
     device : torch device (default CUDA when available); dtype : ``torch.float32`` (default) or ``torch.float64``
-    progress : tqdm bar
+    progress : a progress bar (``mlpinterp.utils.progress``)
 
     Returns
     -------
@@ -144,39 +145,31 @@ def fit_sgd(
     history.append({"step": 0, "wall_time_s": 0.0, "fvu": evaluate()})
     t_train = 0.0
     time_to_target = 0.0 if target_fvu is not None and history[0]["fvu"] <= target_fvu else None
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc="hybrid SGD", leave=False)
-    step = 0
-    while step < steps and time_to_target is None and (time_limit is None or t_train < time_limit):
-        t0 = time.perf_counter()
-        X = mixture.sample(batch_size, rng)
-        y = torch.as_tensor(network(X), device=dev, dtype=tdtype)
-        Xb = torch.as_tensor(X, device=dev, dtype=tdtype)
-        opt.zero_grad(set_to_none=True)
-        loss = ((_poly_forward(params, Xb) - y) ** 2).sum(1).mean()
-        if not torch.isfinite(loss):
-            raise ValueError(f"the hybrid SGD diverged at step {step} (non-finite loss {float(loss)}); lower lr (got {lr})")
-        loss.backward()
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t_train += time.perf_counter() - t0
-        step += 1
-        if bar is not None:
-            bar.update(1)
-        last = step == steps or (time_limit is not None and t_train >= time_limit)
-        if step % eval_every == 0 or last:
-            fv = evaluate()
-            history.append({"step": step, "wall_time_s": t_train, "fvu": fv})
-            if bar is not None:
-                bar.set_postfix(fvu=f"{fv:.4g}")
-            if target_fvu is not None and fv <= target_fvu:
-                time_to_target = t_train
-    if bar is not None:
-        bar.close()
+    with progress_bar(total=steps, desc="hybrid SGD", quiet=not progress) as bar:
+        step = 0
+        while step < steps and time_to_target is None and (time_limit is None or t_train < time_limit):
+            t0 = time.perf_counter()
+            X = mixture.sample(batch_size, rng)
+            y = torch.as_tensor(network(X), device=dev, dtype=tdtype)
+            Xb = torch.as_tensor(X, device=dev, dtype=tdtype)
+            opt.zero_grad(set_to_none=True)
+            loss = ((_poly_forward(params, Xb) - y) ** 2).sum(1).mean()
+            if not torch.isfinite(loss):
+                raise ValueError(f"the hybrid SGD diverged at step {step} (non-finite loss {float(loss.detach())}); lower lr (got {lr})")
+            loss.backward()
+            opt.step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t_train += time.perf_counter() - t0
+            step += 1
+            bar.advance()
+            last = step == steps or (time_limit is not None and t_train >= time_limit)
+            if step % eval_every == 0 or last:
+                fv = evaluate()
+                history.append({"step": step, "wall_time_s": t_train, "fvu": fv})
+                bar.postfix(fvu=fv)
+                if target_fvu is not None and fv <= target_fvu:
+                    time_to_target = t_train
     if history[-1]["step"] != step:
         history.append({"step": step, "wall_time_s": t_train, "fvu": evaluate()})
     if not np.isfinite(history[-1]["fvu"]):

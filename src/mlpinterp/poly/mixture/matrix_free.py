@@ -52,9 +52,16 @@ when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual
 (default 1e-4). CG minimises the energy-norm error, which *is* the excess mean squared error of the iterate,
 and we estimate it over a window of steps (see ``_pcg``). If the true residual misses the target, CG restarts
 from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
-refinement: float32 operator applications inside, float64 residuals outside. A direction with
+refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
+true residuals outside. A direction with
 ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError``; a direction with ``<p, M p> = 0`` (a null
 direction reached by rounding) stops that output, and the true residual decides.
+
+Cost at MNIST scale (r = 712, K = 10): one operator application is 2 K GEMMs of size r^3 per output, 96 % of
+the time (``benchmarks/profile_mixture_operator.py``). On the 784-256-10 ReLU MLP of
+``benchmarks/bench_mixture_solver.py`` (3 of its 10 outputs, load 12-13): 68 iterations, 47.6 s CPU in float32
+with float64 refinement (1.59x the float64 solver before issue 12), 22.7 s warm-started from the previous
+checkpoint (3.32x); see ``docs/polynomial.md``.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+from mlpinterp.utils.progress import progress_bar
 
 PRECONDITIONERS = ("diagonal", "pooled", "none")
 #: Eigenvalues of the preconditioner's (c, diag A) block, and moments ``E[u_i^2 u_j^2]``, at or below this
@@ -227,81 +235,119 @@ def _cast(theta, dtype):
     return tuple(t.to(dtype) for t in theta)
 
 
-def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0: float, gains: list, *, tol, fvu_tol, residual_tol,
-               window, maxiter, reduction, bar):
-    """PCG on ``M d = r0`` from ``d = 0`` in ``op``'s dtype; the stopping rules use the global quantities.
+def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol, fvu_tol,
+               residual_tol, window, maxiter, reduction, bar, precondition=None):
+    """PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
-    ``rhs_norm [o]``: norms of the original right-hand side; ``explained0``: variance explained by the outer
-    iterate; ``gains``: the energy decreases of all earlier steps (appended to). Returns
-    ``(d, stop, iterations, residual_history, explained_history)``.
+    The CG vectors and recurrences stay in ``r0``'s dtype (float64); only the operator applications run in
+    ``op.dtype``. ``precondition``: default ``op.precondition``. ``rhs_norm [o]``: norms of the original
+    right-hand side; ``explained0 [o]``: variance explained by the outer iterate, per output; ``gains``: the
+    per-output energy decreases ``[o]`` of all earlier steps (appended to).
+
+    Outputs are independent systems: an output whose own relative residual is ``<= tol``, or ``<= residual_tol``
+    with its own excess-FVU estimate ``<= fvu_tol``, is frozen (``frozen [o]``, updated in place): its CG stops
+    and the operator is applied to the other outputs only. ``frozen_err [o]`` keeps a frozen output's estimated
+    energy error, which stays in the pooled estimate. Returns ``(d, stop, iterations, residual_history,
+    explained_history, active_output_history)``.
     """
     torch = op.torch
     eps = torch.finfo(op.dtype).eps
-    res = _cast(r0, op.dtype)
-    rn = rhs_norm.to(op.dtype)
+    precondition = precondition or op.precondition
+    res = r0
+    rn = rhs_norm
+    o = rn.shape[0]
     r0_norm = torch.sqrt(_dot(res, res))
     d = tuple(torch.zeros_like(t) for t in res)
-    z = op.precondition(res)
+    z = precondition(res)
     p = z
     rz = _dot(res, z)
-    residuals, explained = [], []
-    active = r0_norm > 0
+    residuals, explained, n_active = [], [], []
+    alive = r0_norm > 0  # False once <p, M p> = 0 within rounding (a null direction): that output stops there
     stop, it = "maxiter", 0
-    explained_k = explained0
+    explained_k = explained0.clone()
     while it < maxiter:
-        Ap = op.apply(p)
+        run = alive & ~frozen
+        idx = torch.nonzero(run).flatten()
+        if idx.numel() == 0:
+            stop = "stalled"
+            break
+        n_active.append(int(idx.numel()))
+        if idx.numel() == o:
+            sub = p
+        else:
+            sub = tuple(t.index_select(0, idx) for t in p)
+        Asub = op.apply(sub) if op.dtype == p[0].dtype else _cast(op.apply(_cast(sub, op.dtype)), p[0].dtype)
+        if idx.numel() == o:
+            Ap = Asub
+        else:
+            Ap = tuple(torch.zeros_like(t).index_copy_(0, idx, a) for t, a in zip(p, Asub, strict=True))
         pAp = _dot(p, Ap)
         scale = torch.sqrt(_dot(p, p) * _dot(Ap, Ap))
-        neg = active & (pAp < -100 * eps * scale)
+        neg = run & (pAp < -100 * eps * scale)
         if bool(neg.any()):
-            o = int(torch.nonzero(neg)[0])
+            j = int(torch.nonzero(neg)[0])
             raise IndefiniteOperatorError(
-                f"the mixture operator is not positive semi-definite: a CG direction of output {o} has "
-                f"<p, M p> = {float(pAp[o]):.3g} < 0 (|p| |M p| = {float(scale[o]):.3g}); the component covariances "
+                f"the mixture operator is not positive semi-definite: a CG direction of output {j} has "
+                f"<p, M p> = {float(pAp[j]):.3g} < 0 (|p| |M p| = {float(scale[j]):.3g}); the component covariances "
                 f"must be PSD, and in float32 rounding can cause this: retry with dtype=torch.float64"
             )
-        active = active & (pAp > 100 * eps * scale)  # <p, M p> = 0 within rounding: a null direction, stop there
-        alpha = torch.where(active, rz / torch.where(active, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
+        alive = alive & (~run | (pAp > 100 * eps * scale))
+        run = alive & ~frozen
+        alpha = torch.where(run, rz / torch.where(run, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
         d = _axpy(alpha, p, d)
         res = _axpy(-alpha, Ap, res)
-        gain = float((alpha * rz).sum())
-        z = op.precondition(res)
+        gain = alpha * rz  # [o]
+        z = precondition(res)
         rz_new = _dot(res, z)
-        ok = active & (rz > 0)
+        ok = run & (rz > 0)
         beta = torch.where(ok, rz_new / torch.where(ok, rz, torch.ones_like(rz)), torch.zeros_like(rz))
         p = tuple(zt + beta.reshape(-1, *([1] * (pt.ndim - 1))) * pt for zt, pt in zip(z, p, strict=True))
-        rz = rz_new
+        rz = torch.where(run, rz_new, rz)
         it += 1
         gains.append(gain)
-        explained_k += gain
-        rnorm = torch.sqrt(_dot(res, res))
-        rel = float((rnorm / rn).max())
+        explained_k = explained_k + gain
+        rel_o = torch.sqrt(_dot(res, res)) / rn
+        rel = float(rel_o.max())
         residuals.append(rel)
-        explained.append(explained_k)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(rel_residual=f"{rel:.2e}")
+        explained.append(float(explained_k.sum()))
+        bar.advance()
+        bar.postfix(rel_residual=rel, outputs=int(run.sum()))
         if rel <= tol:
             stop = "residual"
             break
-        est = _fvu_estimate(gains, explained_k, window)
-        if est is not None and est <= fvu_tol and rel <= residual_tol:
-            stop = "fvu"
-            break
-        if float((rnorm / torch.where(r0_norm > 0, r0_norm, torch.ones_like(r0_norm))).max()) <= reduction:
+        if len(gains) >= window:
+            recent = torch.stack(gains[-window:]).sum(0)  # [o]; 0 for outputs frozen in the whole window
+            est_o = torch.where(explained_k > 0, recent / torch.where(explained_k > 0, explained_k, 1.0), torch.inf)
+            newly = ~frozen & ((rel_o <= tol) | ((rel_o <= residual_tol) & (est_o <= fvu_tol)))
+            frozen_err.copy_(torch.where(newly, recent, frozen_err))
+            frozen |= newly
+            est = _fvu_estimate(torch.where(frozen, frozen_err, recent).sum(), explained_k.sum())
+            if est is not None and est <= fvu_tol and rel <= residual_tol:
+                stop = "fvu"
+                break
+        if float((rel_o * rn / torch.where(r0_norm > 0, r0_norm, torch.ones_like(r0_norm))).max()) <= reduction:
             stop = "refine"
             break
-        if not bool(active.any()):
-            stop = "stalled"
+        if not bool((alive & ~frozen).any()):
+            stop = "stalled" if not bool(alive.all()) else "fvu"
             break
-    return d, stop, it, residuals, explained
+    return d, stop, it, residuals, explained, n_active
 
 
-def _fvu_estimate(gains: list, explained: float, window: int) -> float | None:
-    """Hestenes-Stiefel estimate of the excess FVU: the energy decrease of the last ``window`` steps / explained."""
-    if len(gains) < window or explained <= 0:
+def _fvu_estimate(energy, explained) -> float | None:
+    """Hestenes-Stiefel estimate of the excess FVU: the energy decrease of the last window of steps / explained."""
+    explained = float(explained)
+    return float(energy) / explained if explained > 0 else None
+
+
+def _pooled_estimate(gains: list, frozen, frozen_err, explained, window: int) -> float | None:
+    """The pooled excess-FVU estimate (frozen outputs count with the error estimated when they were frozen)."""
+    import torch
+
+    if len(gains) < window:
         return None
-    return sum(gains[-window:]) / explained
+    recent = torch.stack(gains[-window:]).sum(0)
+    return _fvu_estimate(torch.where(frozen, frozen_err, recent).sum(), explained)
 
 
 def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_tol: float, window: int, maxiter: int,
@@ -312,10 +358,11 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     iterate; in exact arithmetic ``||e_k||^2 = sum_{j >= k} alpha_j (r_j . z_j)`` and the sum over the next
     ``window`` steps is the Hestenes-Stiefel lower-bound estimate (Strakos & Tichy 2002). We divide it by the
     variance explained so far, ``E[f^2] - E[(f - p_k)^2] - E[f]^2 = theta_k . (rhs + r_k) - E[f]^2`` (pooled over
-    outputs; it increases monotonically to Var(p*)), a proxy for Var(f).
+    outputs; it increases monotonically to Var(p*)), a proxy for Var(f). Outputs that meet the rules on their
+    own are frozen (see ``_inner_pcg``) and unfrozen if the true residual disagrees.
 
-    Each sweep runs PCG in ``inner``'s dtype (default: ``op64``) on the true residual of the float64 iterate and
-    adds its correction; a sweep ends on the rules of the module docstring, on a float32 residual reduction of
+    Each sweep runs PCG with ``inner``'s operator (default: ``op64``; float32 for mixed precision) on the true
+    residual of the float64 iterate and adds its correction; a sweep ends on the rules of the module docstring, on a float32 residual reduction of
     1e-6 (``"refine"``) or when every output's direction is null (``"stalled"``); then the true residual is
     recomputed with ``op64``. ``x0``: starting point (default 0).
     """
@@ -323,7 +370,6 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     inner = inner or op64
     rhs_norm = torch.sqrt(_dot(rhs, rhs))
     rhs_norm = torch.where(rhs_norm > 0, rhs_norm, torch.ones_like(rhs_norm))
-    mean_sq = float((rhs[0] ** 2).sum())  # sum_o E_mix[f_o]^2 (the constant feature has E[1 * f] = E[f])
     reduction = 1e-6 if inner.dtype != torch.float64 else 0.0
     if x0 is None:
         x = tuple(torch.zeros_like(t) for t in rhs)
@@ -331,36 +377,49 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     else:
         x = x0
         res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x0), strict=True))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
+        return _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol,
+                       window=window, maxiter=maxiter, reduction=reduction, max_sweeps=max_sweeps)
 
-        bar = tqdm(total=maxiter, desc="mixture CG", leave=False)
-    gains: list[float] = []
-    residuals, explained, sweeps = [], [], []
+
+def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_tol, window, maxiter, reduction,
+            max_sweeps):
+    """The refinement sweeps of ``_pcg`` (see there)."""
+    torch = op64.torch
+    o = rhs_norm.shape[0]
+    gains: list = []
+    frozen = torch.zeros(o, dtype=torch.bool, device=rhs_norm.device)
+    frozen_err = torch.zeros_like(rhs_norm)
+    residuals, explained, sweeps, n_active = [], [], [], []
     it, stop, converged = 0, "maxiter", False
     true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
+    est = None
     for _ in range(max_sweeps):
-        explained0 = float((_dot(x, rhs) + _dot(x, res)).sum()) - mean_sq
-        d, stop, n, rh, eh = _inner_pcg(inner, res, rhs_norm, explained0, gains, tol=tol, fvu_tol=fvu_tol,
-                                        residual_tol=residual_tol, window=window, maxiter=maxiter - it,
-                                        reduction=reduction, bar=bar)
+        # E[f^2] - E[(f - p)^2] - E[f]^2 per output (the constant feature has E[1 * f] = E[f])
+        explained0 = _dot(x, rhs) + _dot(x, res) - rhs[0] ** 2
+        unfreeze = frozen & (true_rel > residual_tol) & (true_rel > tol)  # the true residual disagrees: go on
+        if bool((frozen & ~unfreeze).all()):  # another sweep with every output frozen: reopen the unconverged
+            unfreeze = frozen & (true_rel > tol)
+        frozen &= ~unfreeze
+        frozen_err.masked_fill_(unfreeze, 0.0)
+        d, stop, n, rh, eh, na = _inner_pcg(inner, res, rhs_norm, explained0, gains, frozen, frozen_err, tol=tol,
+                                            fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
+                                            maxiter=maxiter - it, reduction=reduction, bar=bar,
+                                            precondition=op64.precondition)
         it += n
         residuals += rh
         explained += eh
+        n_active += na
         x = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
         res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x), strict=True))  # true residual, float64
         prev = float(true_rel.max())
         true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
         rel = float(true_rel.max())
-        est = _fvu_estimate(gains, explained[-1] if explained else 0.0, window)
+        est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
         sweeps.append({"iterations": n, "stopped_by": stop, "true_relative_residual": rel})
         converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
             break
-    if bar is not None:
-        bar.close()
-    est = _fvu_estimate(gains, explained[-1] if explained else 0.0, window)
     info = {
         "iterations": it,
         "relative_residual": float(true_rel.max()),
@@ -369,6 +428,7 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
         "converged": bool(converged),
         "excess_fvu_estimate": est,
         "sweeps": sweeps,
+        "active_outputs_history": n_active,
         "residual_history": residuals,
         "explained_variance_history": explained,
     }
