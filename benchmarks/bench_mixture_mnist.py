@@ -26,14 +26,14 @@ def rss_mb() -> float:
 
 
 def train_mlp(data, d_hidden: int = 256, steps: int = 400, seed: int = 0):
-    """A 784-d_hidden-10 ReLU MLP trained for ``steps`` Adam steps (batch 128, lr 1e-3); returns (MLP, test accuracy)."""
+    """A d_in-d_hidden-10 ReLU MLP trained for ``steps`` Adam steps (batch 128, lr 1e-3); returns (MLP, test accuracy)."""
     import numpy as np
     import torch
 
     from mlpinterp.networks import MLP
 
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(784, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(data.d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, 10))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     Xt, yt = torch.as_tensor(np.array(data.X_train)), torch.as_tensor(np.array(data.y_train))
     g = torch.Generator().manual_seed(seed)
@@ -76,8 +76,8 @@ def main() -> None:
     from mlpinterp.data import load_mnist
     from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
     from mlpinterp.poly.fit import fit_polynomial
-    from mlpinterp.poly.mixture_quadratic import fit_mixture
-    from mlpinterp.poly.sgd import _poly_forward, fit_sgd
+    from mlpinterp.poly.mixture.exact import fit_mixture
+    from mlpinterp.poly.mixture.hybrid import _poly_forward, fit_sgd
 
     res: dict = {"threads": args.threads, "load_average_start": os.getloadavg()}
     data = load_mnist()

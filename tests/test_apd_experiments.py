@@ -39,7 +39,12 @@ def test_cli_tms_quick(tmp_path):
     # a different learning rate in the same directory is refused (the checkpoint holds another configuration)
     res3 = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
                                     str(tmp_path), "--quick", "--quiet", "--steps", "40", "--lr", "0.01"])
-    assert res3.exit_code != 0 and "lr" in str(res3.exception), res3.exception
+    assert res3.exit_code == 1, res3.output
+    assert "Error:" in res3.output and "'lr'" in res3.output and "Fix:" in res3.output, res3.output
+    # report.html embeds every figure the Markdown references
+    md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert md.count("![") == page.count('<img src="data:image/png;base64,') == 2
+    assert "quick run: not a reproduction" in md and "± 0 " not in md
 
 
 def test_reproduce_resid_and_gated_tiny(tmp_path):

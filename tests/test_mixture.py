@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from mlpinterp import GLU, MLP, Gaussian, GaussianMixture, fit_polynomial
-from mlpinterp.poly.mixture_quadratic import MAX_DENSE_FEATURES, fit_mixture, moment_table
+from mlpinterp.poly.mixture.exact import fit_mixture
+from mlpinterp.poly.mixture.hybrid import fit_sgd
+from mlpinterp.poly.mixture.moment_dense import MAX_DENSE_FEATURES, moment_table
 from mlpinterp.poly.ridge import fit_ridge
-from mlpinterp.poly.sgd import fit_sgd
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
 torch.set_num_threads(1)
@@ -146,7 +147,8 @@ def test_matrix_free_agrees_with_dense(d):
 def test_fused_operator_equals_sum_of_component_operators():
     # The CG operator batches its passes over components; it must equal the documented per-component formula
     # summed with the mixture weights (the latter is checked against the dense Gram by the test above).
-    from mlpinterp.poly.mixture_quadratic import SupportCoordinates, _MixtureOperator
+    from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+    from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
 
     rng = np.random.default_rng(45)
     mix = random_mixture(7, rng, weights=(0.4, 0.3, 0.2, 0.1), ranks=[7, 3, 7, 7])
@@ -274,6 +276,10 @@ def test_cuda_matches_cpu():
     p_gpu = fit_mixture(net, mix, 2, device="cuda", tol=1e-13, fvu_tol=0.0)
     assert p_gpu.solver_info["device"].startswith("cuda")
     assert rel_max_diff(p_gpu.coefficients(2), p_cpu.coefficients(2)) < 1e-9
+    # float32 operator with float64 refinement, warm-started, on the GPU: the same answer
+    p32 = fit_mixture(net, mix, 2, device="cuda", dtype=torch.float32, tol=1e-11, fvu_tol=0.0, warm_start=p_gpu)
+    assert p32.solver_info["init"] == "warm" and p32.solver_info["converged"]
+    assert rel_max_diff(p32.coefficients(2), p_cpu.coefficients(2)) < 1e-7
 
 
 # ------------------------------------------------------------------ hybrid SGD (paper's baseline)
@@ -348,6 +354,14 @@ def test_bad_arguments_raise_clear_errors():
         fit_mixture(net, mix, 2, window=0)
     with pytest.raises(ValueError, match="init must be 'pooled' or 'zero'"):
         fit_mixture(net, mix, 2, init="random")
+    with pytest.raises(ValueError, match="residual_tol must be a positive number"):
+        fit_mixture(net, mix, 2, residual_tol=0)
+    with pytest.raises(TypeError, match="warm_start must be a DensePolynomial or RidgePolynomial"):
+        fit_mixture(net, mix, 2, warm_start=np.zeros(3))
+    with pytest.raises(ValueError, match="warm_start must be a polynomial of degree <= 2 with d_in = 4"):
+        fit_mixture(net, mix, 2, warm_start=fit_polynomial(random_net("relu", 5, rng), Gaussian.standard(5), 2))
+    with pytest.raises(ValueError, match="warm_start applies to method='cg' only"):
+        fit_mixture(net, mix, 2, method="dense", warm_start=fit_polynomial(net, mix, 1))
     with pytest.raises(ValueError, match="maxiter must be a positive integer"):
         fit_mixture(net, mix, 2, maxiter=0)
     with pytest.raises(ValueError, match="degree must be 1 or 2"):

@@ -1,5 +1,5 @@
-"""Cached dense mixture quadratic (poly/mixture_gram) against the independent moment-table dense solver
-(poly/mixture_quadratic, Stein-recursion moments) and against least squares on mixture samples."""
+"""Cached dense mixture quadratic (poly/mixture/cached_dense) against the independent moment-table dense solver
+(poly/mixture/moment_dense, Stein-recursion moments) and against least squares on mixture samples."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mlpinterp import GLU, MLP, GaussianMixture, fit_polynomial
-from mlpinterp.poly.mixture_gram import fit_mixture_quadratic_cached
+from mlpinterp.poly.mixture.cached_dense import fit_mixture_quadratic_cached
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
 

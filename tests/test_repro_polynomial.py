@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,3 +227,62 @@ def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path)
     r = CliRunner().invoke(app, [*base, "--steps", "32"])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "step_0000024.json' is not valid JSON" in flat(r.output) and "delete it and rerun" in flat(r.output)
+
+
+# --------------------------------------------------------------------------- every checkpoint, warm starts, smoke size
+
+
+def test_average_pool_by_hand():
+    from mlpinterp.data import Dataset
+    from mlpinterp.data.pooling import average_pool, pool_factor
+
+    assert pool_factor((28, 28), 8) == 4 and pool_factor((8, 8), 8) == 1 and pool_factor((28, 28), 28) == 1
+    with pytest.raises(ValueError, match="common divisor"):
+        pool_factor((6, 4), 1)  # common divisors 1, 2: at best 3x2
+    X = np.arange(32, dtype=np.float32).reshape(2, 16) / 31
+    data = Dataset("toy", X, np.array([0, 1]), X, np.array([1, 0]), (4, 4), 2)
+    pooled = average_pool(data, 2)
+    img = X[0].reshape(4, 4)
+    assert pooled.image_shape == (2, 2) and "pooled 2x2" in pooled.description
+    np.testing.assert_allclose(pooled.X_train[0], [img[:2, :2].mean(), img[:2, 2:].mean(), img[2:, :2].mean(),
+                                                   img[2:, 2:].mean()], rtol=1e-6)
+    assert average_pool(data, None) is data
+
+
+def test_fit_approximants_warm_starts_the_mixture_cg():
+    # d_in = 100 is past the cached dense solve (5151 features > 5000): the mixture quadratic goes through CG, and a
+    # warm start from the previous checkpoint's result gives the cold answer in fewer iterations.
+    from mlpinterp import MLP, GaussianMixture
+    from mlpinterp.experiments.polynomial_eval import EvalInputs, fit_approximants
+
+    rng = np.random.default_rng(0)
+    d = 100
+    L = rng.standard_normal((2, d, d)) / np.sqrt(d)
+    mix = GaussianMixture(np.array([0.6, 0.4]), rng.normal(0, 1, (2, d)), L @ L.transpose(0, 2, 1) + 0.1 * np.eye(d))
+    inputs = EvalInputs(mix, mix.pooled(), np.zeros((1, d)), np.zeros(1, dtype=np.int64), np.zeros((2, d)))
+    W1, W2 = rng.standard_normal((16, d)) / np.sqrt(d), rng.standard_normal((3, 16)) / 4
+    nets = [MLP(W1 * s, np.zeros(16), W2, np.zeros(3), "relu") for s in (1.0, 1.02)]
+    first, _ = fit_approximants(nets[0], inputs, cg_dtype="float32")
+    cold, _ = fit_approximants(nets[1], inputs, cg_dtype="float32")
+    warm, _ = fit_approximants(nets[1], inputs, warm_start=first["quadratic_mixture"], cg_dtype="float32")
+    si_c, si_w = cold["quadratic_mixture"].solver_info, warm["quadratic_mixture"].solver_info
+    assert si_c["method"] == "pcg" and si_c["dtype"] == "float32" and si_w["init"] == "warm"
+    assert si_w["converged"] and si_w["iterations"] < si_c["iterations"]
+    X = mix.sample(2000, np.random.default_rng(1))
+    f = nets[1](X)
+    excess = ((warm["quadratic_mixture"](X) - cold["quadratic_mixture"](X)) ** 2).sum(1).mean() / f.var(0).sum()
+    assert excess < 1e-6
+
+
+@pytest.mark.skipif(not (Path(__file__).parents[1] / "../shared/data/mnist").exists(), reason="needs MNIST IDX files")
+def test_smoke_on_mnist_is_small_and_fits_every_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    args = ["reproduce", "polynomial", "--dataset", "mnist", "--seeds", "1", "--steps", "32", "--out", str(out),
+            "--smoke", "--quiet"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    res = json.loads((out / "results.json").read_text())
+    assert json.loads((out / "config.json").read_text())["max_image_side"] == 8
+    assert res["dataset"]["d_in"] == 49  # 28x28 pooled 4x4 -> 7x7
+    quad = res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"]
+    assert len(quad) == 3 and all(v is not None for v in quad)  # every checkpoint by default

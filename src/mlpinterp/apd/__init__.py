@@ -31,9 +31,11 @@ from mlpinterp.apd.masks import batch_topk_mask, topk_mask
 from mlpinterp.apd.metrics import (
     ScrubbingResult,
     activation_frequency,
+    column_match,
     mmcs_ml2r,
     per_feature_mse,
     responsible_components,
+    scrub_keep_masks,
     scrubbing,
 )
 from mlpinterp.apd.train import APDConfig, APDResult, apd_losses, decompose, lr_at, select_mask, with_overrides
@@ -41,8 +43,8 @@ from mlpinterp.apd.train import APDConfig, APDResult, apd_losses, decompose, lr_
 __all__ = [
     "APDConfig", "APDResult", "Components", "ScrubbingResult", "Site", "act_recon_loss", "activation_frequency",
     "apd_losses", "attributions", "attributions_reference", "batch_topk_mask", "capture_outputs",
-    "closed_form_applies", "component_schatten", "decompose", "is_residual_mlp", "is_tms", "faithfulness_loss", "lp_minimality_loss", "lp_simplicity_loss", "lr_at",
+    "closed_form_applies", "column_match", "component_schatten", "decompose", "is_residual_mlp", "is_tms", "faithfulness_loss", "lp_minimality_loss", "lp_simplicity_loss", "lr_at",
     "minimality_loss", "mmcs_ml2r", "per_feature_mse", "resolve_sites", "responsible_components",
-    "run_with_components", "schatten_pp", "scrubbing", "select_mask", "simplicity_loss", "target_weight",
+    "run_with_components", "schatten_pp", "scrub_keep_masks", "scrubbing", "select_mask", "simplicity_loss", "target_weight",
     "topk_mask", "with_overrides",
 ]

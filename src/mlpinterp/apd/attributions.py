@@ -70,7 +70,7 @@ def is_tms(model: nn.Module, comps: Components) -> bool:
     """Whether ``model`` is a :class:`~mlpinterp.toys.tms.TMS` whose only decomposed site is its tied ``W``."""
     from mlpinterp.toys.tms import TMS
 
-    return (isinstance(model, TMS) and len(comps.sites) == 1 and comps.sites[0].kind == "param"
+    return (isinstance(model, TMS) and model.identity is None and len(comps.sites) == 1 and comps.sites[0].kind == "param"
             and comps.sites[0].name == "W")
 
 

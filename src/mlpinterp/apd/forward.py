@@ -7,7 +7,10 @@ Every decomposed weight ``W[s]`` is replaced, for each sample ``b``, by
 where ``base`` is ``True`` for the *target-anchored* form (used for gradient attributions at ``theta*``:
 ``coef = epsilon``, the derivative at ``epsilon = 0`` is the attribution) and ``False`` for the *component* form
 (``coef`` = a top-k mask gives the sparse forward ``f(x | kappa(x))`` of the paper; ``coef = 1`` gives the sum
-of all components). ``coef`` is ``[C]`` (shared by the batch) or ``[batch, C]``.
+of all components). ``coef`` is ``[C]`` (shared by the batch) or ``[batch, C]``, one for every site (APD: a
+component spans all sites), or a mapping ``site name -> [C] | [batch, C]`` with its own coefficients per site
+(SPD: every site has its own ``C`` rank-one subcomponents and its own masks). With ``only`` a subset of the sites
+is replaced and the others keep the target's weight (SPD's layerwise reconstruction).
 
 At ``nn.Linear`` sites this never builds a per-sample weight: the module's forward is swapped for
 ``y = base * W* x + A (coef * (B x)) + bias``, i.e. ``[..., d_in] -> [..., C, m] -> [..., d_out]``, costing
@@ -17,7 +20,7 @@ with :func:`torch.func.functional_call`; per-sample coefficients then use :func:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -34,13 +37,19 @@ def _broadcast_coef(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return coef
 
 
+def _site_coef(coef, name: str):
+    """The coefficients of site ``name``: ``coef`` itself (shared by all sites) or its entry in a per-site mapping."""
+    return coef.get(name) if isinstance(coef, Mapping) else coef
+
+
 def _linear_forward(mod: nn.Linear, site: Site, comps: Components, state: dict):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if state.get("components", True):
+        only = state.get("only")
+        if state.get("components", True) and (only is None or site.name in only):
             A, B = comps.factors(site)
             C, d_out, m = A.shape
             inner = F.linear(x, B.reshape(C * m, site.d_in)).unflatten(-1, (C, m))  # [..., C, m]
-            coef = state["coef"]
+            coef = _site_coef(state["coef"], site.name)
             if coef is not None:
                 inner = inner * _broadcast_coef(coef, x)[..., None]
             y = F.linear(inner.flatten(-2), A.permute(1, 0, 2).reshape(d_out, C * m))
@@ -73,20 +82,33 @@ def _patched(model: nn.Module, comps: Components, state: dict) -> Iterator[None]
             del mod.forward
 
 
-def _param_weights(model: nn.Module, comps: Components, coef: torch.Tensor | None,
-                   base: bool) -> dict[str, torch.Tensor]:
+def _param_weights(model: nn.Module, comps: Components, coef, base: bool,
+                   only: frozenset | None = None) -> dict[str, torch.Tensor]:
+    """Weights of the parameter sites for a shared ``coef`` (``None``/``[C]``) or a per-site mapping of them."""
     out = {}
     for s in comps.sites:
-        if s.kind != "param":
+        if s.kind != "param" or (only is not None and s.name not in only):
             continue
         P = torch.bmm(*comps.factors(s))  # [C, d_out, d_in]
-        w = P.sum(0) if coef is None else torch.einsum("c,coi->oi", coef, P)
+        c = _site_coef(coef, s.name)
+        w = P.sum(0) if c is None else torch.einsum("c,coi->oi", c, P)
         out[s.name] = w + target_weight(model, s) if base else w
     return out
 
 
+def _check_coef(coef, C: int, n: int, what: str) -> None:
+    if not isinstance(coef, torch.Tensor) or coef.is_complex():
+        raise TypeError(f"{what} must be a real torch.Tensor [C] or [batch, C], got "
+                        f"{coef.dtype if isinstance(coef, torch.Tensor) else type(coef).__name__}")
+    if coef.is_floating_point() and not bool(torch.isfinite(coef).all()):
+        raise ValueError(f"{what} contains NaN or inf")
+    if not (tuple(coef.shape) == (C,) or tuple(coef.shape) == (n, C)):
+        raise ValueError(f"{what} must have shape [{C}] or [{n}, {C}], got {list(coef.shape)}")
+
+
 def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
-                        coef: torch.Tensor | None = None, base: bool = False) -> torch.Tensor:
+                        coef: torch.Tensor | Mapping[str, torch.Tensor | None] | None = None, base: bool = False,
+                        only: Sequence[str] | None = None) -> torch.Tensor:
     """Output of ``model`` on ``x`` with every decomposed weight replaced as described in the module docstring.
 
     Parameters
@@ -98,48 +120,70 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
     x
         Input ``[batch, ...]``.
     coef
-        ``None`` (all coefficients 1), ``[C]`` or ``[batch, C]``.
+        ``None`` (all coefficients 1), ``[C]`` or ``[batch, C]`` for every site, or a mapping
+        ``site name -> None | [C] | [batch, C]`` (sites it lacks get coefficient 1).
     base
         Add the target's own weight (``True``) or not (``False``).
+    only
+        Names of the sites to replace (``None``: all); the other sites keep the target's weight.
 
     Raises
     ------
     TypeError
-        If ``coef`` is not a real tensor.
+        If ``coef`` (or an entry) is not a real tensor.
     ValueError
-        If ``coef`` has a shape other than ``[C]`` or ``[batch, C]``, or non-finite values.
+        If a ``coef`` has a shape other than ``[C]`` or ``[batch, C]`` or non-finite values, or ``coef``/``only``
+        name a site that is not one of ``comps``.
     """
-    C = comps.C
-    if coef is not None:
-        if not isinstance(coef, torch.Tensor) or coef.is_complex():
-            raise TypeError(f"coef must be a real torch.Tensor [C] or [batch, C], got "
-                            f"{coef.dtype if isinstance(coef, torch.Tensor) else type(coef).__name__}")
-        if coef.is_floating_point() and not bool(torch.isfinite(coef).all()):
-            raise ValueError("coef contains NaN or inf")
-    if coef is not None and not (tuple(coef.shape) == (C,) or tuple(coef.shape) == (x.shape[0], C)):
-        raise ValueError(f"coef must have shape [{C}] or [{x.shape[0]}, {C}], got {list(coef.shape)}")
-    has_params = any(s.kind == "param" for s in comps.sites)
-    if not has_params:
-        with _patched(model, comps, {"coef": coef, "base": base}):
+    C, n = comps.C, x.shape[0]
+    names = [s.name for s in comps.sites]
+    if isinstance(coef, Mapping):
+        unknown = sorted(set(coef) - set(names))
+        if unknown:
+            raise ValueError(f"coef names unknown sites {unknown}; sites: {names}")
+        for k, v in coef.items():
+            if v is not None:
+                _check_coef(v, C, n, f"coef[{k!r}]")
+    elif coef is not None:
+        _check_coef(coef, C, n, "coef")
+    if only is not None:
+        if isinstance(only, str) or not all(isinstance(o, str) for o in only):
+            raise TypeError(f"only must be a sequence of site names, got {only!r}")
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ValueError(f"only names unknown sites {unknown}; sites: {names}")
+        only = frozenset(only)
+    param_sites = [s for s in comps.sites if s.kind == "param" and (only is None or s.name in only)]
+    per_site = {s.name: _site_coef(coef, s.name) for s in comps.sites}
+    batched = {k: v for k, v in per_site.items() if v is not None and v.ndim == 2}
+    state: dict = {"coef": coef, "base": base, "only": only}
+    if not param_sites:
+        with _patched(model, comps, state):
             return model(x)
-    if coef is None or coef.ndim == 1:
-        with _patched(model, comps, {"coef": coef, "base": base}):
-            return torch.func.functional_call(model, _param_weights(model, comps, coef, base), (x,), strict=False)
-    state: dict = {"coef": None, "base": base}
+    if not any(s.name in batched for s in param_sites):
+        with _patched(model, comps, state):
+            return torch.func.functional_call(model, _param_weights(model, comps, coef, base, only), (x,),
+                                              strict=False)
+    static = {k: v for k, v in per_site.items() if k not in batched}
     # per-sample weights of the parameter sites, one GEMM per site ([batch, C] @ [C, d_out d_in]), outside vmap
     weights = {}
-    for s in comps.sites:
-        if s.kind == "param":
-            P = torch.bmm(*comps.factors(s))
-            w = (coef @ P.reshape(comps.C, -1)).reshape(-1, s.d_out, s.d_in)
-            weights[s.name] = w + target_weight(model, s) if base else w
+    for s in param_sites:
+        P = torch.bmm(*comps.factors(s))
+        c = per_site[s.name]
+        if c is None or c.ndim == 1:
+            w = P.sum(0) if c is None else torch.einsum("c,coi->oi", c, P)
+            w = (w + target_weight(model, s) if base else w).expand(n, s.d_out, s.d_in)
+        else:
+            w = (c @ P.reshape(comps.C, -1)).reshape(-1, s.d_out, s.d_in)
+            w = w + target_weight(model, s) if base else w
+        weights[s.name] = w
 
-    def one(xb: torch.Tensor, cb: torch.Tensor, wb: dict) -> torch.Tensor:
-        state["coef"] = cb[None]
+    def one(xb: torch.Tensor, cb: dict, wb: dict) -> torch.Tensor:
+        state["coef"] = {**static, **{k: v[None] for k, v in cb.items()}}
         return torch.func.functional_call(model, wb, (xb[None],), strict=False)[0]
 
     with _patched(model, comps, state):
-        return torch.func.vmap(one)(x, coef, weights)
+        return torch.func.vmap(one)(x, batched, weights)
 
 
 @contextmanager

@@ -49,6 +49,13 @@ def mmcs_ml2r(W, P) -> tuple[float, float, np.ndarray]:
     ValueError
         On shape mismatch, non-finite values or a zero column of ``W``.
     """
+    return column_match(W, P)[:3]
+
+
+def column_match(W, P) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column version of :func:`mmcs_ml2r`: ``(mmcs, ml2r, mcs, max_cos, l2_ratio)`` with ``max_cos`` and
+    ``l2_ratio``: ``[n]`` (their means are MMCS and ML2R; their spread over columns is the "± std" of the APD and
+    SPD papers' Table 1, which report one run)."""
     W = to_numpy(W, "W")
     P = to_numpy(P, "P")
     if W.ndim != 2:
@@ -64,7 +71,8 @@ def mmcs_ml2r(W, P) -> tuple[float, float, np.ndarray]:
     cos = np.where(pn > 0, dots / np.maximum(pn, 1e-300) / wn, 0.0)
     mcs = cos.argmax(axis=0)
     cols = np.arange(W.shape[1])
-    return float(cos[mcs, cols].mean()), float((pn[mcs, cols] / wn).mean()), mcs
+    best_cos, ratio = cos[mcs, cols], pn[mcs, cols] / wn
+    return float(best_cos.mean()), float(ratio.mean()), mcs, best_cos, ratio
 
 
 @torch.no_grad()
@@ -162,7 +170,7 @@ def scrubbing(model: nn.Module, comps: Components, x: torch.Tensor, responsible:
         raise TypeError(f"topk_fn must be callable, got {type(topk_fn).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-    n, C = x.shape[0], comps.C
+    C = comps.C
     resp = np.asarray(responsible)
     if resp.dtype.kind not in "iuf" or resp.shape != (x.shape[1],):
         raise ValueError(f"responsible must be an integer array [n_features={x.shape[1]}] of component indices, "
@@ -172,20 +180,36 @@ def scrubbing(model: nn.Module, comps: Components, x: torch.Tensor, responsible:
     if resp.size and (resp.min() < 0 or resp.max() >= C):
         raise ValueError(f"responsible must hold component indices in [0, C={C}), got values in "
                          f"[{resp.min():g}, {resp.max():g}]")
-    responsible = resp.astype(np.int64)
-    half = C // 2
+    resp = resp.astype(np.int64)
     rng = np.random.default_rng(seed)
     target = model(x)
     mse = lambda y: ((y - target) ** 2).mean(dim=tuple(range(1, y.ndim))).numpy()
     topk_out = run_with_components(model, comps, x, topk_fn(attributions(model, comps, x, source)).float())
-    keep_s = torch.ones(n, C)
-    keep_a = torch.ones(n, C)
-    act = to_numpy(x, "x") != 0
-    for b in range(n):
-        resp = np.unique(responsible[act[b]])
-        others = np.setdiff1d(np.arange(C), resp)
-        keep_s[b, rng.choice(others, size=min(half, len(others)), replace=False)] = 0
-        extra = rng.choice(others, size=max(0, half - len(resp)), replace=False)
-        keep_a[b, np.concatenate([resp, extra]).astype(int)] = 0
+    keep_s, keep_a = scrub_keep_masks(to_numpy(x, "x") != 0, [resp[i:i + 1] for i in range(len(resp))], C, rng)
     return ScrubbingResult(mse(topk_out), mse(run_with_components(model, comps, x, keep_s)),
                            mse(run_with_components(model, comps, x, keep_a)))
+
+
+def scrub_keep_masks(active: np.ndarray, responsible, C: int,
+                     rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep-masks ``[n, C]`` (1 = kept, 0 = ablated) of the scrubbing experiment (paper Sec. 3.2), ``C // 2``
+    ablated per sample.
+
+    ``active``: ``[n, n_features]`` bool (which features each sample has); ``responsible[i]``: the component
+    indices responsible for feature ``i`` (one for APD; a set of subcomponents for SPD). *Scrubbed*: the ablated
+    half is drawn among the components responsible for none of the sample's features. *Anti-scrubbed*: the
+    responsible ones are ablated and the rest of the half drawn from the others.
+    """
+    n = active.shape[0]
+    half = C // 2
+    responsible = [np.asarray(r, dtype=np.int64).reshape(-1) for r in responsible]
+    keep_s = torch.ones(n, C)
+    keep_a = torch.ones(n, C)
+    for b in range(n):
+        feats = np.flatnonzero(active[b])
+        resp = np.unique(np.concatenate([responsible[i] for i in feats])) if len(feats) else np.zeros(0, np.int64)
+        others = np.setdiff1d(np.arange(C), resp)
+        keep_s[b, rng.choice(others, size=min(half, len(others)), replace=False)] = 0
+        extra = rng.choice(others, size=min(len(others), max(0, half - len(resp))), replace=False)
+        keep_a[b, np.concatenate([resp, extra]).astype(int)] = 0
+    return keep_s, keep_a

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from mlpinterp.apd.attributions import SOURCES, attributions
 from mlpinterp.apd.components import Components, resolve_sites, target_weight
@@ -36,7 +35,8 @@ from mlpinterp.apd.losses import (
     simplicity_loss,
 )
 from mlpinterp.apd.masks import batch_topk_mask, topk_mask
-from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.checkpoint import load_training_state, on_device, save_training_state
+from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor
 
 
@@ -226,43 +226,10 @@ def apd_losses(model: nn.Module, comps: Components, x: torch.Tensor, cfg: APDCon
     return total, logs
 
 
-def _save_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer, step: int, cfg: APDConfig,
-                     history: list[dict], seconds: float) -> None:
-    tensors = {f"comp.{k}": v.detach() for k, v in comps.state_dict().items()}
-    for i, st in opt.state_dict()["state"].items():
-        for k, v in st.items():
-            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    save_tensors(path, tensors, {"step": step, "config": asdict(cfg), "history": history, "seconds": seconds})
-
-
-def _load_checkpoint(path: Path, comps: Components, opt: torch.optim.Optimizer,
-                     cfg: APDConfig) -> tuple[int, list, float]:
-    tensors, meta = load_tensors(path)
-    saved = meta.get("config", {})
-    mine = asdict(cfg)
-    diff = {k for k in mine if k not in ("log_every", "checkpoint_every") and _norm(saved.get(k)) != _norm(mine[k])}
-    if diff:
-        raise ValueError(f"checkpoint {str(path)!r} was written with a different configuration (fields {sorted(diff)}); "
-                         "use another out_dir or delete the checkpoint")
-    comps.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("comp.")})
-    sd = opt.state_dict()
-    state: dict = {}
-    for k, v in tensors.items():
-        if k.startswith("opt."):
-            _, i, name = k.split(".", 2)
-            state.setdefault(int(i), {})[name] = v
-    sd["state"] = state
-    opt.load_state_dict(sd)
-    return int(meta["step"]), list(meta.get("history", [])), float(meta.get("seconds", 0.0))
-
-
-def _norm(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
 def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDConfig,
               out_dir: str | Path | None = None, quiet: bool = False,
-              callback: Callable[[int, Components, dict], None] | None = None) -> APDResult:
+              callback: Callable[[int, Components, dict], None] | None = None,
+              device: str | torch.device | None = None) -> APDResult:
     """Run APD on ``model`` (frozen) with batches ``sample(step) -> [batch_size, ...]``.
 
     Parameters
@@ -280,11 +247,16 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
         Disable the progress bar.
     callback
         Called as ``callback(step, components, logs)`` at every logging step.
+    device
+        Where to train (``"cuda"``, ``"cpu"``; ``None``: the model's device). The model is copied there if it lives
+        elsewhere, batches are moved there, and the returned components are on the CPU. A checkpoint resumes on
+        any device.
 
     Raises
     ------
     ValueError
-        On an invalid configuration, unknown targets, or a checkpoint written with another configuration.
+        On an invalid configuration, unknown targets, an unavailable device, or a checkpoint written with another
+        configuration.
     """
     if not isinstance(cfg, APDConfig):
         raise TypeError(f"cfg must be an APDConfig, got {type(cfg).__name__}")
@@ -293,6 +265,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     if not callable(sample):
         raise TypeError(f"sample must be a callable step -> [batch_size, ...] tensor, got {type(sample).__name__}")
     cfg.validate()
+    model, dev = on_device(model, device)
     sites = resolve_sites(model, cfg.targets)
     if cfg.act_recon_coeff > 0 and any(s.kind == "param" for s in sites):
         raise ValueError("hidden-activation reconstruction is only supported when every target is an nn.Linear")
@@ -300,6 +273,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     comps = Components(sites, cfg.C, cfg.m, init_scale=cfg.init_scale, generator=gen)
     if cfg.unit_norm_B:
         comps.normalize_B_()
+    comps.to(dev)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     model.requires_grad_(False)
     target_weights = {s.name: target_weight(model, s).detach() for s in sites}
@@ -307,33 +281,42 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
     start, history, prev_seconds = 0, [], 0.0
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
-        start, history, prev_seconds = _load_checkpoint(ckpt, comps, opt, cfg)
+        start, history, prev_seconds = load_training_state(ckpt, comps, opt, asdict(cfg))
     t0 = time.perf_counter()
     try:
-        bar = tqdm(range(start, cfg.steps), desc="APD", disable=quiet, initial=start, total=cfg.steps, leave=False)
-        for step in bar:
-            lr = lr_at(step, cfg)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            x = _check_batch(model, sample(step), step, first=step == start)
-            total, logs = apd_losses(model, comps, x, cfg, target_weights)
-            opt.zero_grad(set_to_none=True)
-            total.backward()
-            opt.step()
-            if cfg.unit_norm_B:
-                comps.normalize_B_()
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                logs.update(step=step, lr=lr)
-                history.append(logs)
-                bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("total", "L0") if k in logs})
-                if callback is not None:
-                    callback(step, comps, logs)
-            if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
-                _save_checkpoint(ckpt, comps, opt, step + 1, cfg, history, prev_seconds + time.perf_counter() - t0)
+        with progress_bar(cfg.steps, initial=start, desc="APD", quiet=quiet) as bar:
+            for step in range(start, cfg.steps):
+                _apd_step(model, comps, opt, sample, cfg, target_weights, step, start, history, bar, callback)
+                if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
+                    save_training_state(ckpt, comps, opt, step + 1, asdict(cfg), history,
+                                        prev_seconds + time.perf_counter() - t0)
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])
-    return APDResult(comps, cfg, history, prev_seconds + time.perf_counter() - t0)
+    return APDResult(comps.cpu(), cfg, history, prev_seconds + time.perf_counter() - t0)
+
+
+def _apd_step(model, comps, opt, sample, cfg, target_weights, step, start, history, bar, callback) -> None:
+    """One optimiser step of :func:`decompose` (logs into ``history`` every ``cfg.log_every`` steps)."""
+    lr = lr_at(step, cfg)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    x = sample(step)
+    x = x.to(target_weights[comps.sites[0].name].device) if isinstance(x, torch.Tensor) else x
+    x = _check_batch(model, x, step, first=step == start)
+    total, logs = apd_losses(model, comps, x, cfg, target_weights)
+    opt.zero_grad(set_to_none=True)
+    total.backward()
+    opt.step()
+    if cfg.unit_norm_B:
+        comps.normalize_B_()
+    if step % cfg.log_every == 0 or step == cfg.steps - 1:
+        logs.update(step=step, lr=lr)
+        history.append(logs)
+        bar.postfix(**{k: logs[k] for k in ("total", "L0") if k in logs})
+        if callback is not None:
+            callback(step, comps, logs)
+    bar.advance()
 
 
 def _check_batch(model: nn.Module, x, step: int, first: bool) -> torch.Tensor:

@@ -30,23 +30,30 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
         seeds: int = typer.Option(3, "--seeds", min=1, help="Number of seeds (targets and decompositions)."),
         out: Path = typer.Option(..., "--out", help="Output directory (resumable)."),
-        quick: bool = typer.Option(False, "--quick", help="Reduced CPU preset instead of the paper's."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+        quick: bool = typer.Option(False, "--quick/--no-quick",
+                                   help="Reduced CPU preset instead of the paper's (a pipeline check, never a "
+                                        "reproduction)."),
+        device: str = typer.Option("cpu", "--device", help="Where APD trains: cpu, cuda, cuda:1, ..."),
+        quiet: bool = typer.Option(False, "--quiet/--no-quiet", help="No progress bars."),
         steps: int | None = typer.Option(None, "--steps", min=1, help="Override the number of APD steps."),
         lr: float | None = typer.Option(None, "--lr", min=0.0, help="Override the preset's peak learning rate."),
         threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads."),
     ) -> None:
-        """Train the target if needed, decompose it with APD, write figures, metrics.json and report.md."""
+        """Train the target if needed, decompose it with APD, write figures, metrics.json, report.md and the
+        self-contained report.html."""
         import torch
 
+        from mlpinterp.cli.errors import expected_errors
         from mlpinterp.experiments.apd import reproduce
 
         torch.set_num_threads(threads)
         overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {})}
-        result = reproduce(setting.value, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None)
+        with expected_errors("use another --out for a different configuration, or --device cpu without CUDA"):
+            result = reproduce(setting.value, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None,
+                               device=device)
         for k, (mu, sd) in result["summary"].items():
-            typer.echo(f"{k:28s} {mu:.4g} ± {sd:.2g}")
-        typer.echo(f"report: {out / 'report.md'}")
+            typer.echo(f"{k:28s} {mu:.4g}" + (f" ± {sd:.2g}" if sd is not None else "") + f" (n = {seeds})")
+        typer.echo(f"report: {out / 'report.html'}")
 
     apd_app = typer.Typer(help="Attribution-based Parameter Decomposition (Braun et al. 2025).", no_args_is_help=True)
 

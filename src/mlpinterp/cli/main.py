@@ -12,11 +12,12 @@ from mlpinterp.cli import apd as _apd
 from mlpinterp.cli import lm as _lm
 from mlpinterp.cli import polynomial as _polynomial
 from mlpinterp.cli import sae as _sae
+from mlpinterp.cli import spd as _spd
 from mlpinterp.cli import transformer as _transformer
 
 app = typer.Typer(
     name="mlpinterp",
-    help="Decompose trained feedforward networks: polynomial approximants, APD, and MFR sparse autoencoders.",
+    help="Decompose trained feedforward networks: polynomial approximants, APD, SPD, and MFR sparse autoencoders.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -24,7 +25,7 @@ app = typer.Typer(
 reproduce_app = typer.Typer(help="Reproduce a paper end to end (train, decompose, figures, report).", no_args_is_help=True)
 app.add_typer(reproduce_app, name="reproduce")
 
-for _module in (_polynomial, _apd, _sae, _transformer, _lm):
+for _module in (_polynomial, _apd, _spd, _sae, _transformer, _lm):
     _module.register(app, reproduce_app)
 
 

@@ -54,7 +54,8 @@ _SMOKE_HELP = ", ".join(f"{k} {_g(v)}" for k, v in SMOKE.items())
 #: config field -> the CLI option that sets it (for the fix of a resume conflict)
 _FLAGS = {"d_hidden": "--d-hidden", "arch": "--arch", "activation": "--activation", "lr": "--lr",
           "warmup_steps": "--warmup-steps", "seed": "--seed", "dataset": "--dataset", "mc_samples": "--mc-samples",
-          "covariance": "--covariance", "quadratic_mixture_steps": "--quadratic-mixture-steps", "smoke": "--smoke"}
+          "covariance": "--covariance", "quadratic_mixture_steps": "--quadratic-mixture-steps", "smoke": "--smoke",
+          "mixture_cg_dtype": "--mixture-cg-dtype", "max_image_side": "--max-image-side"}
 
 
 def _conflict_fix(e, out: Path) -> str:
@@ -296,6 +297,9 @@ def reproduce_polynomial(
                                                                                        "covariance"),
     quadratic_mixture_steps: Annotated[str, typer.Option(help=_REPRO["quadratic_mixture_steps"])] = field_default(
         PolynomialReproConfig, "quadratic_mixture_steps"),
+    mixture_cg_dtype: Annotated[str, typer.Option(help=_REPRO["mixture_cg_dtype"])] = field_default(
+        PolynomialReproConfig, "mixture_cg_dtype"),
+    max_image_side: Annotated[int | None, typer.Option(help=_REPRO["max_image_side"], show_default="full size")] = None,
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help=f"{_REPRO['smoke']} Sets {_SMOKE_HELP}; its report draws "
                                                         "no verdict.")] = False,
@@ -310,6 +314,7 @@ def reproduce_polynomial(
         cfg = PolynomialReproConfig(dataset=dataset.value, seeds=seeds, steps=steps, d_hidden=d_hidden, lr=lr, arch=arch,
                                     activation=activation, warmup_steps=warmup_steps, mc_samples=mc_samples,
                                     covariance=covariance, quadratic_mixture_steps=quadratic_mixture_steps,
+                                    mixture_cg_dtype=mixture_cg_dtype, max_image_side=max_image_side,
                                     data_path=str(data_path) if data_path else None, smoke=smoke)
         r = cfg.resolved()
     except (ValueError, TypeError) as e:

@@ -4,7 +4,7 @@ Settings: ``tms-5-2``, ``tms-40-10``, ``resid-mlp-1``, ``resid-mlp-2``, ``gated-
 hyperparameters (App. D) and a reduced ``quick`` preset for a CPU. Per seed ``s`` the run directory holds
 ``seed{s}/target.safetensors`` (+ JSON), ``seed{s}/apd/checkpoint.safetensors`` (resumable),
 ``seed{s}/components.safetensors``, figures ``seed{s}/*.png``; the top level holds ``metrics.json`` and
-``report.md`` with the paper's numbers beside ours.
+``report.md`` + ``report.html`` (:mod:`mlpinterp.experiments.report`) with the paper's numbers beside ours.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from mlpinterp.apd import (
     select_mask,
     topk_mask,
 )
+from mlpinterp.experiments import report as rep
+from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.toys import (
     RESID_PRESETS,
     TMS_PRESETS,
@@ -49,7 +51,7 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
-from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json, save_tensors
+from mlpinterp.utils.io import atomic_write_json, save_tensors
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
 
@@ -95,7 +97,7 @@ QUICK: dict[str, dict] = {
 }
 
 QUICK_TARGET = {"tms-5-2": {}, "tms-40-10": {}, "resid-mlp-1": dict(steps=2000, batch_size=1024),
-                "resid-mlp-2": dict(steps=2000, batch_size=1024)}
+                "resid-mlp-2": dict(steps=2000, batch_size=1024), "resid-mlp-3": dict(steps=2000, batch_size=1024)}
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,12 @@ def setting_spec(name: str) -> SettingSpec:
     if name in ("tms-5-2", "tms-40-10"):
         n = TMS_PRESETS[name].n_features
         return SettingSpec(name, n, (0.0, 1.0), lambda b, g: sparse_features(b, n, 0.05, (0.0, 1.0), generator=g))
-    if name in ("resid-mlp-1", "resid-mlp-2"):
-        return SettingSpec(name, 100, (-1.0, 1.0),
-                           lambda b, g: sparse_features(b, 100, 0.01, (-1.0, 1.0), generator=g))
+    if name in RESID_PRESETS:  # resid-mlp-1/2 (APD and SPD) and resid-mlp-3 (SPD)
+        n = RESID_PRESETS[name].n_features
+        return SettingSpec(name, n, (-1.0, 1.0), lambda b, g: sparse_features(b, n, 0.01, (-1.0, 1.0), generator=g))
     if name == "gated-trig":
         return SettingSpec(name, 4, (0.0, 1.0), lambda b, g: gated_trig_inputs(b, 4, 0.05, generator=g))
-    raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
+    raise ValueError(f"setting must be one of {SETTINGS} (or resid-mlp-3), got {name!r}")
 
 
 def apd_config(name: str, quick: bool, seed: int, **overrides) -> APDConfig:
@@ -157,86 +159,8 @@ def get_target(name: str, seed: int, path: Path, quick: bool, quiet: bool) -> tu
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save_fig(fig, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-    _plt().close(fig)
-
-
-def plot_history(history: list[dict], path: Path, title: str) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = [h["step"] for h in history]
-    for key in ("faithfulness", "minimality", "simplicity", "act_recon", "lp_minimality", "lp_simplicity"):
-        if key in history[0]:
-            ax.semilogy(steps, [max(h[key], 1e-12) for h in history], label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    _save_fig(fig, path)
-
-
-def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
-    """Columns of ``W`` and of each component (2-D arrows when ``d_hidden = 2``, heatmaps otherwise)."""
-    plt = _plt()
-    C = P.shape[0]
-    if W.shape[0] == 2:
-        fig, axes = plt.subplots(1, C + 2, figsize=(2.2 * (C + 2), 2.4))
-        lim = 1.1 * np.abs(W).max()
-        for ax, M, t in zip(axes, [W, P.sum(0), *P], ["target W", "sum of components"] +
-                            [f"component {c}" for c in range(C)], strict=True):
-            for j in range(M.shape[1]):
-                ax.arrow(0, 0, M[0, j], M[1, j], head_width=0.05 * lim, length_includes_head=True,
-                         color=plt.cm.tab10(j % 10))
-            ax.set_xlim(-lim, lim)
-            ax.set_ylim(-lim, lim)
-            ax.set_aspect("equal")
-            ax.set_title(t, fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    else:
-        norms = np.linalg.norm(P, axis=1)  # [C, n_features]
-        order = np.argsort(norms.argmax(axis=1) + 1e-3 * (-norms.max(axis=1)))
-        fig, ax = plt.subplots(figsize=(7, 5))
-        im = ax.imshow(norms[order], aspect="auto", cmap="viridis")
-        ax.set_xlabel("feature (column of W)")
-        ax.set_ylabel("component (sorted)")
-        ax.set_title("||P_c[:, j]||: column norms of every component")
-        fig.colorbar(im, ax=ax)
-    _save_fig(fig, path)
-
-
-def plot_scrubbing(res, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    allv = np.concatenate([res.topk, res.scrubbed, res.anti_scrubbed])
-    bins = np.logspace(np.log10(max(allv.min(), 1e-8)), np.log10(allv.max() + 1e-12), 60)
-    for vals, lab, col in ((res.topk, "top-k", "C0"), (res.scrubbed, "scrubbed", "C6"),
-                           (res.anti_scrubbed, "anti-scrubbed", "C2")):
-        ax.hist(np.maximum(vals, 1e-8), bins=bins, alpha=0.5, label=lab, color=col)
-        ax.axvline(vals.mean(), color=col, ls="--")
-    ax.set_xscale("log")
-    ax.set_xlabel("MSE to the target output")
-    ax.set_ylabel("samples")
-    ax.legend()
-    _save_fig(fig, path)
-
-
 def plot_contributions(model, comps: Components, responsible: np.ndarray, path: Path, n_show: int = 10) -> None:
-    plt = _plt()
+    plt = pyplot()
     target = neuron_contributions(model).numpy()[:n_show]
     W = comps.weights()
     learned = np.stack([neuron_contributions(model, {k: v[responsible[i]] for k, v in W.items()}).numpy()[i]
@@ -248,13 +172,13 @@ def plot_contributions(model, comps: Components, responsible: np.ndarray, path: 
         ax.set_ylabel("feature")
         ax.set_title(f"neuron contributions: {t}", fontsize=9)
     axes[1].set_xlabel("neuron")
-    _save_fig(fig, path)
+    save_fig(fig, path)
 
 
 def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig) -> None:
     from mlpinterp.toys import trig_functions
 
-    plt = _plt()
+    plt = pyplot()
     xs = torch.linspace(0, 5, 200)
     fig, axes = plt.subplots(1, 4, figsize=(12, 2.6))
     for i, ax in enumerate(axes):
@@ -270,7 +194,7 @@ def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig)
         ax.plot(xs, y_apd, "--", label="APD top-1")
         ax.set_title(f"function {i}", fontsize=9)
     axes[0].legend(fontsize=7)
-    _save_fig(fig, path)
+    save_fig(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- evaluate
@@ -328,9 +252,10 @@ def evaluate(name: str, model: nn.Module, comps: Components, cfg: APDConfig, inf
     return out
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float]:
+def _mean_std(vals: list[float]) -> tuple[float, float | None]:
+    """``(mean, sample std)``; the std is ``None`` (JSON ``null``) for a single value, never a made-up 0."""
     a = np.asarray(vals, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else None
 
 
 SUMMARY_KEYS = ("mmcs", "ml2r", "gt_param_mmcs", "topk_mse", "scrubbed_mse", "anti_scrubbed_mse",
@@ -338,10 +263,12 @@ SUMMARY_KEYS = ("mmcs", "ml2r", "gt_param_mmcs", "topk_mse", "scrubbed_mse", "an
 
 
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
-              overrides: dict | None = None, n_eval: int = 4000) -> dict:
-    """Train (or load) targets, decompose with APD for ``seeds`` seeds, evaluate and write the report.
+              overrides: dict | None = None, n_eval: int = 4000, device: str | None = None) -> dict:
+    """Train (or load) targets, decompose with APD for ``seeds`` seeds, evaluate and write ``metrics.json``,
+    ``report.md`` and the self-contained ``report.html`` (figures embedded).
 
-    ``overrides`` replaces APDConfig fields of the preset; ``n_eval`` is the number of held-out evaluation samples.
+    ``overrides`` replaces APDConfig fields of the preset; ``n_eval`` is the number of held-out evaluation samples;
+    ``device`` is where the decomposition trains (evaluation runs on the CPU).
 
     Returns the ``metrics.json`` content. Re-running resumes unfinished decompositions from their checkpoints.
 
@@ -364,7 +291,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         model.requires_grad_(False)
         cfg = apd_config(setting, quick, seed, **(overrides or {}))
         sample = lambda step, cfg=cfg, seed=seed: spec.sample(cfg.batch_size, step_generator(seed + 1000, step))
-        res = decompose(model, sample, cfg, out_dir=sd / "apd", quiet=quiet)
+        res = decompose(model, sample, cfg, out_dir=sd / "apd", quiet=quiet, device=device)
         comps = res.components
         save_tensors(sd / "components.safetensors", {k: v.detach() for k, v in comps.state_dict().items()},
                      {"setting": setting, "config": asdict(cfg), "sites": [asdict(s) for s in comps.sites]})
@@ -378,31 +305,50 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     result = {"setting": setting, "quick": quick, "seeds": seeds, "config": asdict(apd_config(setting, quick, 0,
               **(overrides or {}))), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu"}
     atomic_write_json(out / "metrics.json", result)
-    atomic_write_bytes(out / "report.md", render_report(result).encode())
+    rep.write_report(out, render_report(result), title=f"APD reproduction: {setting}")
     return result
 
 
+def _figures(result: dict) -> list[str]:
+    """The per-seed figures of the setting, as they exist in the run directory (relative paths)."""
+    by_setting = {"tms": ("losses.png", "components.png"), "resid": ("losses.png", "scrubbing_hist.png",
+                                                                    "neuron_contributions.png"),
+                  "gated": ("losses.png", "functions.png")}
+    names = by_setting[result["setting"].split("-")[0]]
+    return [f"seed{m['seed']}/{f}" for m in result["per_seed"] for f in names]
+
+
 def render_report(result: dict) -> str:
-    """Markdown report: a table of our mean +- std over seeds beside the paper's numbers."""
-    s, paper = result["summary"], result["paper"]
-    lines = [f"# APD reproduction: {result['setting']}{' (quick preset)' if result['quick'] else ''}", "",
-             f"Seeds: {result['seeds']}; torch threads: {result['threads']}; 1/5/15-min load average at the end: "
-             f"{result.get('load_average')} (``seconds`` is the APD wall time, summed over resumed sessions).", "",
-             "| metric | ours (mean ± std) | paper |", "|---|---|---|"]
-    for k, (mu, sd) in s.items():
+    """Markdown report: our mean ± std over seeds (n shown, no spread for one seed) beside the paper's numbers, the
+    per-seed values, every figure (embedded in ``report.html``) and the configuration."""
+    paper, per = result["paper"], result["per_seed"]
+    kind = "quick" if result["quick"] else "full"
+    n = len(per)
+    keys = [k for k in SUMMARY_KEYS if all(k in m for m in per)]
+    lines = [f"# APD reproduction: {result['setting']}{' (quick preset: not a reproduction)' if result['quick'] else ''}",
+             "", f"Seeds: n = {n}; device {result.get('device', 'cpu')}; torch threads: {result['threads']}; 1/5/15-min "
+             f"load average at the end: {result.get('load_average')} (`seconds` is the APD wall time, summed over "
+             "resumed sessions).", ""]
+    rows = []
+    for k in keys:
         p = paper.get(k)
-        lines.append(f"| {k} | {mu:.4g} ± {sd:.2g} | {f'{p[0]:.3f} ± {p[1]:.3f}' if p else '-'} |")
-    lines += ["", "Per seed:", "", "| seed | " + " | ".join(k for k in s if k != "seconds") + " | seconds |",
-              "|---" * (len(s) + 1) + "|"]
-    for m in result["per_seed"]:
-        lines.append(f"| {m['seed']} | " + " | ".join(f"{m[k]:.4g}" for k in s if k != "seconds")
-                     + f" | {m['seconds']:.0f} |")
-    cfg = result["config"]
-    lines += ["", "Configuration (APDConfig):", "", "```json", json.dumps(cfg, indent=1), "```", "",
-              "Figures per seed: `seed*/losses.png` and, by setting, `components.png` (TMS), "
-              "`scrubbing_hist.png` and `neuron_contributions.png` (residual MLPs), `functions.png` (gated-trig).",
-              "", "Paper: Braun, Bushnaq, Heimersheim, Mendel, Sharkey (2025), arXiv 2501.14926, Table 1 and App. D.",
-              ""]
+        rows.append([k, rep.mean_std([m[k] for m in per], ".4g"), f"{p[0]:.3f} ± {p[1]:.3f}" if p else "—"])
+    lines += [rep.md_table(["metric", f"ours (mean ± std over seeds, n = {n})", "paper (one run)"], rows), ""]
+    if "mmcs" in keys and "mmcs" in paper:
+        mm = [m["mmcs"] for m in per]
+        failed = sum(v < 0.99 for v in mm)
+        v = rep.verdict(abs(float(np.mean(mm)) - paper["mmcs"][0]) <= max(2 * paper["mmcs"][1], 0.002),
+                        f"MMCS {np.mean(mm):.4f} (n = {n}) vs the paper's {paper['mmcs'][0]:.3f}; "
+                        f"{failed} of {n} seeds below 0.99", run=kind)
+        lines += [f"Failed seeds (MMCS < 0.99): {failed} of {n}.", "", f"Verdict: {v}", ""]
+    else:
+        lines += [f"Verdict: {rep.verdict(None, 'the paper reports this setting qualitatively (figures)', run=kind)}",
+                  ""]
+    lines += ["Per seed:", "", rep.md_table(["seed", *keys], [[m["seed"], *(rep.fmt_value(m[k], ".4g") for k in keys)]
+                                                            for m in per]), "", "## Figures", ""]
+    lines += [rep.figure(f, f.replace("/", ": ").removesuffix(".png").replace("_", " ")) + "\n" for f in _figures(result)]
+    lines += ["## Configuration (APDConfig)", "", "```json", json.dumps(result["config"], indent=1), "```", "",
+              "Paper: Braun, Bushnaq, Heimersheim, Mendel, Sharkey (2025), arXiv 2501.14926, Table 1 and App. D.", ""]
     return "\n".join(lines)

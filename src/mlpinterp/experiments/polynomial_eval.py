@@ -48,15 +48,26 @@ class EvalInputs:
     mixture_samples: np.ndarray
 
 
-def fit_approximants(network, inputs: EvalInputs, *, quadratic_mixture: bool = True) -> tuple[dict, dict]:
-    """Fit the approximants of ``APPROXIMANTS``; returns ``(approximants, fit_seconds)``."""
+def fit_approximants(network, inputs: EvalInputs, *, quadratic_mixture: bool = True, warm_start=None,
+                     cg_dtype: str = "float64") -> tuple[dict, dict]:
+    """Fit the approximants of ``APPROXIMANTS``; returns ``(approximants, fit_seconds)``.
+
+    The mixture quadratic is the cached dense solve when it fits (digits); otherwise matrix-free CG in
+    ``cg_dtype`` (float64 residuals either way), started from ``warm_start`` (the previous checkpoint's mixture
+    quadratic: the same answer as a cold start, in fewer iterations) when given.
+    """
+    from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count
+
     out, secs = {}, {}
     for name, dist_name, degree in APPROXIMANTS:
         if name == "quadratic_mixture" and not quadratic_mixture:
             continue
         dist = inputs.mixture if dist_name == "mixture" else inputs.gaussian
         t0 = time.perf_counter()
-        out[name] = fit_polynomial(network, dist, degree)
+        if name == "quadratic_mixture" and feature_count(network.d_in) > MAX_FEATURES:
+            out[name] = fit_polynomial(network, dist, degree, method="cg", warm_start=warm_start, dtype=cg_dtype)
+        else:
+            out[name] = fit_polynomial(network, dist, degree)
         secs[name] = time.perf_counter() - t0
     return out, secs
 
@@ -67,13 +78,16 @@ def _summary(f: np.ndarray, q: np.ndarray) -> tuple[dict, dict]:
     return {"fvu": r.fvu, "stderr": r.stderr}, {"nats": kl, "stderr": kl_se}
 
 
-def evaluate_checkpoint(network, inputs: EvalInputs, *, quadratic_mixture: bool = True) -> tuple[dict, dict]:
+def evaluate_checkpoint(network, inputs: EvalInputs, *, quadratic_mixture: bool = True, warm_start=None,
+                        cg_dtype: str = "float64") -> tuple[dict, dict]:
     """All metrics of one checkpoint as a JSON-ready dict (see module docstring), and the fitted approximants.
 
     The network and each approximant are evaluated once on the test set and once on the mixture samples.
-    ``quadratic_mixture=False`` skips the (at MNIST scale, iterative) mixture quadratic.
+    ``quadratic_mixture=False`` skips the (at MNIST scale, iterative) mixture quadratic; ``warm_start`` and
+    ``cg_dtype``: see ``fit_approximants``.
     """
-    approx, secs = fit_approximants(network, inputs, quadratic_mixture=quadratic_mixture)
+    approx, secs = fit_approximants(network, inputs, quadratic_mixture=quadratic_mixture, warm_start=warm_start,
+                                    cg_dtype=cg_dtype)
     f_test, f_mix = network(inputs.X_test), network(inputs.mixture_samples)
     res: dict = {"network": {"test_accuracy": float((f_test.argmax(1) == inputs.y_test).mean())}, "approximants": {}}
     for name, p in approx.items():

@@ -26,6 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mlpinterp.data import load_dataset
+from mlpinterp.data.pooling import average_pool
 from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
@@ -75,7 +76,7 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     _check_resume(out, r)
     atomic_write_json(out / "config.json", r)
     t_start = time.perf_counter()
-    data = load_dataset(cfg.dataset, cfg.data_path)
+    data = average_pool(load_dataset(cfg.dataset, cfg.data_path), r["max_image_side"])
     if r["attack_k"] > min(data.n_classes, data.d_in):
         raise ValueError(f"attack_k must be <= min(n_classes, d_in) = {min(data.n_classes, data.d_in)} on "
                          f"{data.name} (the singular directions of the linear approximant), got {r['attack_k']}")
@@ -102,13 +103,9 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     return results
 
 
-def _quadratic_mixture_steps(steps: list[int], d_in: int, policy: str) -> set[int]:
-    """Checkpoints at which the exact mixture quadratic is fitted (``policy``: all, final, auto)."""
-    from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count
-
-    if policy == "all" or (policy == "auto" and feature_count(d_in) <= MAX_FEATURES):
-        return set(steps)
-    return {steps[-1]}
+def _quadratic_mixture_steps(steps: list[int], policy: str) -> set[int]:
+    """Checkpoints at which the exact mixture quadratic is fitted (``policy``: all, final; auto = all)."""
+    return {steps[-1]} if policy == "final" else set(steps)
 
 
 def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int, quiet: bool) -> dict:
@@ -120,8 +117,8 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     wanted = set(checkpoint_steps(r["steps"]))  # this run's checkpoints (a longer earlier run may have left more)
     ckpts = [(s, p) for s, p in find_checkpoints(ck_dir) if s in wanted]
     steps = [s for s, _ in ckpts]
-    quad_steps = _quadratic_mixture_steps(steps, data.d_in, r["quadratic_mixture_steps"])
-    curves, final_approx = [], None
+    quad_steps = _quadratic_mixture_steps(steps, r["quadratic_mixture_steps"])
+    curves, final_approx, warm = [], None, None
     with tqdm(total=len(ckpts), desc=f"seed {seed}: approximants", unit="ckpt", disable=quiet) as bar:
         for step, path in ckpts:
             f = ev_dir / f"step_{step:07d}.json"
@@ -129,7 +126,9 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                 res = _read_json(f)
             else:
                 model, meta = load_classifier(path)
-                res, approx = evaluate_checkpoint(model.to_network(), inputs, quadratic_mixture=step in quad_steps)
+                res, approx = evaluate_checkpoint(model.to_network(), inputs, quadratic_mixture=step in quad_steps,
+                                                  warm_start=warm, cg_dtype=r["mixture_cg_dtype"])
+                warm = approx.get("quadratic_mixture", warm)  # the next checkpoint's CG starts from this solution
                 res["step"] = step
                 res["network"]["train_accuracy"] = meta.get("train_accuracy")
                 if step == steps[-1]:  # keep the final approximants for the attack and the feature images

@@ -259,7 +259,8 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
         ``[batch, seq, d]``, NaN/inf activations.
     """
     import torch.distributed as dist
-    from tqdm.auto import tqdm
+
+    from mlpinterp.utils.progress import progress_bar
 
     check_module(model, loaded=True)
     check_instance(cfg, CaptureConfig, "cfg")
@@ -326,45 +327,44 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
     t0 = time.perf_counter()
     try:
         total = fit_ids.shape[0] + held_ids.shape[0]
-        bar = tqdm(total=total, desc="capture FFN inputs", unit="seq", disable=quiet, leave=False)
-        for split, ids_all in (("fit", fit_ids), ("heldout", held_ids)):
-            n_fit_total = fit_ids.shape[0] * content
-            keep_p = min(1.0, cfg.keep_fit / max(n_fit_total, 1.0))
-            for s in range(0, ids_all.shape[0], cfg.seq_batch):
-                ids = ids_all[s:s + cfg.seq_batch]
-                store.clear()
-                try:
-                    with eval_mode(model):
-                        model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device))
-                except _Stop:
-                    pass
-                missing = [p for p in modules if p not in store]
-                if missing:
-                    raise ValueError(f"FFN input module(s) {[input_modules[p] for p in missing]} were not called in "
-                                     "the forward pass")
-                if not stop_after:
-                    stop_after.append(list(store)[-1])
-                mask = _content_mask(ids, special, cfg.exclude_special)
-                n_local += int(mask.sum())
-                sel = rng.random(int(mask.sum())) < keep_p if split == "fit" else None
-                for p, x in store.items():
-                    x = _as_token_major(x, ids, p, input_modules[p])
-                    a = x[mask.to(x.device)].to("cpu", torch.float64)
-                    if not bool(torch.isfinite(a).all()):
-                        raise ValueError(
-                            f"the input of FFN block {p!r} ({input_modules[p]}) holds {int((~torch.isfinite(a)).sum())}"
-                            f" non-finite value(s) (NaN or inf) in a batch of {x.dtype} activations: NaN weights, or a "
-                            "float16 model overflowing (load it in float32 or bfloat16)")
-                    if p not in moments:
-                        d_of[p] = a.shape[-1]
-                        moments[p] = Moments.zeros(a.shape[-1])
-                    if split == "fit":
-                        moments[p].add(a.numpy())
-                        kept[p].append(a[torch.from_numpy(sel)].float())
-                    else:
-                        held[p].append(a.float())
-                bar.update(ids.shape[0])
-        bar.close()
+        with progress_bar(total=total, desc="capture FFN inputs (sequences)", quiet=quiet) as bar:
+            for split, ids_all in (("fit", fit_ids), ("heldout", held_ids)):
+                n_fit_total = fit_ids.shape[0] * content
+                keep_p = min(1.0, cfg.keep_fit / max(n_fit_total, 1.0))
+                for s in range(0, ids_all.shape[0], cfg.seq_batch):
+                    ids = ids_all[s:s + cfg.seq_batch]
+                    store.clear()
+                    try:
+                        with eval_mode(model):
+                            model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device))
+                    except _Stop:
+                        pass
+                    missing = [p for p in modules if p not in store]
+                    if missing:
+                        raise ValueError(f"FFN input module(s) {[input_modules[p] for p in missing]} were not called in "
+                                         "the forward pass")
+                    if not stop_after:
+                        stop_after.append(list(store)[-1])
+                    mask = _content_mask(ids, special, cfg.exclude_special)
+                    n_local += int(mask.sum())
+                    sel = rng.random(int(mask.sum())) < keep_p if split == "fit" else None
+                    for p, x in store.items():
+                        x = _as_token_major(x, ids, p, input_modules[p])
+                        a = x[mask.to(x.device)].to("cpu", torch.float64)
+                        if not bool(torch.isfinite(a).all()):
+                            raise ValueError(
+                                f"the input of FFN block {p!r} ({input_modules[p]}) holds {int((~torch.isfinite(a)).sum())}"
+                                f" non-finite value(s) (NaN or inf) in a batch of {x.dtype} activations: NaN weights, or a "
+                                "float16 model overflowing (load it in float32 or bfloat16)")
+                        if p not in moments:
+                            d_of[p] = a.shape[-1]
+                            moments[p] = Moments.zeros(a.shape[-1])
+                        if split == "fit":
+                            moments[p].add(a.numpy())
+                            kept[p].append(a[torch.from_numpy(sel)].float())
+                        else:
+                            held[p].append(a.float())
+                    bar.advance(ids.shape[0])
     finally:
         for h in handles:
             h.remove()

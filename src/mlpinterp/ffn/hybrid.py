@@ -90,7 +90,8 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
     diverging (non-finite) loss.
     """
     import schedulefree
-    from tqdm.auto import tqdm
+
+    from mlpinterp.utils.progress import progress_bar
 
     check_instance(network, (MLP, GLU), "network")
     check_instance(start, Readout, "start", "Readout (e.g. Readout.from_closed_form(p, basis))")
@@ -130,15 +131,17 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
 
     opt.train()
     validate(0)
-    for step in tqdm(range(1, cfg.steps + 1), desc=desc, disable=quiet, leave=False):
-        idx = torch.randint(0, X.shape[0], (min(cfg.batch_size, X.shape[0]),), generator=gen)
-        loss = ((module(X[idx]) - Y[idx]) ** 2).sum(1).mean() / var
-        if not torch.isfinite(loss):
-            raise ValueError(f"hybrid fine-tuning diverged at step {step} (loss {float(loss)}); lower lr (got {cfg.lr})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            validate(step)
+    with progress_bar(total=cfg.steps, desc=desc, quiet=quiet) as bar:
+        for step in range(1, cfg.steps + 1):
+            idx = torch.randint(0, X.shape[0], (min(cfg.batch_size, X.shape[0]),), generator=gen)
+            loss = ((module(X[idx]) - Y[idx]) ** 2).sum(1).mean() / var
+            if not torch.isfinite(loss):
+                raise ValueError(f"hybrid fine-tuning diverged at step {step} (loss {float(loss)}); lower lr (got {cfg.lr})")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                validate(step)
+            bar.advance()
     opt.eval()
     return HybridResult(module.to_readout(start.basis), history, time.perf_counter() - t0)

@@ -29,8 +29,8 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         ``RidgePolynomial``) or ``"ols"`` (the paper's route: monomial features, master-theorem
         cross-moments, Isserlis feature covariance; small d_in only; returns ``DensePolynomial``).
         Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"`` is a dense
-        Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 (``poly/mixture_gram.py``), else
-        matrix-free preconditioned CG (``"cg"``, ``poly/mixture_quadratic.py``); ``"dense"`` builds the monomial
+        Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 (``poly/mixture/cached_dense.py``), else
+        matrix-free preconditioned CG (``"cg"``, ``poly/mixture/matrix_free.py``); ``"dense"`` builds the monomial
         Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
         schedule-free SGD on mixture samples), for comparison only.
     options : passed to the solver (``tol``, ``maxiter``, ``device``, ``dtype``, ...).
@@ -83,21 +83,21 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         raise ValueError(f"method must be 'auto', 'ridge' or 'ols' under a Gaussian, got {method!r}")
 
     if method == "sgd":
-        from mlpinterp.poly.sgd import fit_sgd
+        from mlpinterp.poly.mixture.hybrid import fit_sgd
 
         return fit_sgd(network, distribution, degree, **options)
     if degree <= 1 and method in ("auto", "exact", "dense", "cg"):
-        from mlpinterp.poly.mixture_linear import fit_mixture_linear
+        from mlpinterp.poly.mixture.linear import fit_mixture_linear
 
         _no_options(options, "degree <= 1 under a GaussianMixture (closed form, no solver options)")
         return fit_mixture_linear(network, distribution, degree)
     if degree == 2 and method in ("auto", "exact") and not options:
-        from mlpinterp.poly.mixture_gram import MAX_FEATURES, feature_count, fit_mixture_quadratic_cached
+        from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count, fit_mixture_quadratic_cached
 
         if feature_count(network.d_in) <= MAX_FEATURES:
             return fit_mixture_quadratic_cached(network, distribution)
     if method in ("auto", "exact", "cg", "dense"):
-        from mlpinterp.poly.mixture_quadratic import fit_mixture
+        from mlpinterp.poly.mixture.exact import fit_mixture
 
         return fit_mixture(network, distribution, degree, method=method, **options)
     raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")

@@ -19,6 +19,7 @@ from mlpinterp.gaussian.distributions import Gaussian
 from mlpinterp.gaussian.master import central_moment, master_theorem_ev
 from mlpinterp.networks import GLU, MLP, Network
 from mlpinterp.poly.approximant import DensePolynomial
+from mlpinterp.poly.tensors import centered_to_raw
 
 #: Refuse feature spaces larger than this (the Gram matrix is dense).
 MAX_FEATURES = 5000
@@ -29,22 +30,6 @@ def monomials(d: int, n: int) -> list[tuple[int, ...]]:
     return [a for r in range(n + 1) for a in itertools.combinations_with_replacement(range(d), r)]
 
 
-def centered_to_raw(tensors: list[np.ndarray], center: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Convert symmetric tensors of p(x) = sum_r S_r[t,...,t], t = x - center, to raw-coordinate tensors.
-
-    T_k = sum_{r >= k} C(r, k) S_r contracted with (-center) on r - k axes. ``tensors[r] [d_out, d^r]``.
-    """
-    n = len(tensors) - 1
-    out = []
-    for k in range(n + 1):
-        Tk = np.zeros_like(tensors[k])
-        for r in range(k, n + 1):
-            S = tensors[r]
-            for _ in range(r - k):
-                S = S @ (-center)  # contract the last axis
-            Tk = Tk + math.comb(r, k) * S
-        out.append(Tk)
-    return tuple(out)
 
 
 def _cross_moments(network: Network, dist: Gaussian, feats: list[tuple[int, ...]]) -> np.ndarray:

@@ -24,11 +24,20 @@ from mlpinterp.toys.resid_mlp import (
     resid_labels,
     train_resid_mlp,
 )
-from mlpinterp.toys.tms import TMS, TMS_PRESETS, TMSConfig, tms_ground_truth, train_tms
+from mlpinterp.toys.tms import (
+    TMS,
+    TMS_PRESETS,
+    TMSConfig,
+    TMSLinears,
+    as_linears,
+    tms_ground_truth,
+    train_tms,
+    with_identity,
+)
 
 __all__ = [
     "GatedTrigMLP", "RESID_PRESETS", "ResidMLPConfig", "ResidualMLP", "TMS", "TMSConfig", "TMS_PRESETS",
     "build_gated_trig", "build_resid_mlp", "gated_trig_ground_truth", "gated_trig_inputs", "load_toy",
     "neuron_contributions", "one_hot_inputs", "resid_labels", "save_toy", "sparse_features", "step_generator",
-    "tms_ground_truth", "train_resid_mlp", "train_tms", "trig_functions",
+    "tms_ground_truth", "train_resid_mlp", "train_tms", "trig_functions", "with_identity", "TMSLinears", "as_linears",
 ]

@@ -25,7 +25,8 @@ def _kind(model: nn.Module) -> str:
 def _arch(model: nn.Module) -> dict:
     kind = _kind(model)
     if kind == "tms":
-        return {"n_features": model.n_features, "d_hidden": model.d_hidden}
+        return {"n_features": model.n_features, "d_hidden": model.d_hidden,
+                **({"identity": True} if model.identity is not None else {})}
     if kind == "resid_mlp":
         return {"n_features": model.n_features, "d_embed": model.d_embed, "d_mlp": model.d_mlp,
                 "n_layers": model.n_layers}
@@ -56,6 +57,7 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     from mlpinterp.toys.tms import TMS
 
     tensors, meta = load_tensors(path)
+    identity = False
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
     if "kind" not in meta or "arch" not in meta:
@@ -64,6 +66,9 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     keys = {"tms": {"n_features", "d_hidden"}, "resid_mlp": {"n_features", "d_embed", "d_mlp", "n_layers"},
             "gated_trig": {"d_resid", "d_mlp", "n_layers", "n_functions"}}
     if kind in keys:
+        if kind == "tms" and isinstance(arch, dict) and arch.get("identity") is True:
+            arch = {k: v for k, v in arch.items() if k != "identity"}
+            identity = True
         if not isinstance(arch, dict) or set(arch) != keys[kind]:
             got = sorted(arch) if isinstance(arch, dict) else type(arch).__name__
             raise ValueError(f"metadata 'arch' of {str(path)!r} must be an object with keys {sorted(keys[kind])} for "
@@ -75,7 +80,7 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     if bad_t:
         raise ValueError(f"tensors {bad_t} in {str(path)!r} must be finite floating-point tensors")
     if kind == "tms":
-        model: nn.Module = TMS(**arch)
+        model: nn.Module = TMS(**arch, identity=identity)
     elif kind == "resid_mlp":
         if "W_E" not in tensors:
             raise ValueError(f"checkpoint {str(path)!r} lacks the embedding 'W_E'")

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from mlpinterp.toys.data import sparse_features, step_generator
+from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_int, check_real
 
 
@@ -161,6 +161,8 @@ class ResidMLPConfig:
 RESID_PRESETS: dict[str, ResidMLPConfig] = {
     "resid-mlp-1": ResidMLPConfig(d_mlp=50, n_layers=1),
     "resid-mlp-2": ResidMLPConfig(d_mlp=25, n_layers=2),
+    # SPD paper, appendix: 102 features, 17 neurons in each of 3 layers (51 in total)
+    "resid-mlp-3": ResidMLPConfig(n_features=102, d_mlp=17, n_layers=3),
 }
 
 
@@ -180,15 +182,17 @@ def train_resid_mlp(cfg: ResidMLPConfig, quiet: bool = False) -> tuple[ResidualM
     """
     model = build_resid_mlp(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    for step in tqdm(range(cfg.steps), desc="train resid-MLP", disable=quiet, leave=False):
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
-        x = sparse_features(cfg.batch_size, cfg.n_features, cfg.feature_probability, (-1.0, 1.0),
-                            generator=step_generator(cfg.seed, step))
-        loss = ((model(x) - resid_labels(x)) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    with progress_bar(cfg.steps, desc="train resid-MLP", quiet=quiet) as bar:
+        for step in range(cfg.steps):
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
+            x = sparse_features(cfg.batch_size, cfg.n_features, cfg.feature_probability, (-1.0, 1.0),
+                                generator=step_generator(cfg.seed, step))
+            loss = ((model(x) - resid_labels(x)) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            bar.advance()
     with torch.no_grad():
         x = sparse_features(20_000, cfg.n_features, cfg.feature_probability, (-1.0, 1.0),
                             generator=step_generator(cfg.seed, -1))

@@ -15,23 +15,34 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from mlpinterp.toys.data import sparse_features, step_generator
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.validation import check_bool, check_int, check_real
 
 
 class TMS(nn.Module):
-    """``x_hat = ReLU(W^T W x + b)``; ``W``: ``[d_hidden, n_features]``, ``b``: ``[n_features]``."""
+    """``x_hat = ReLU(W^T W x + b)``; ``W``: ``[d_hidden, n_features]``, ``b``: ``[n_features]``.
 
-    def __init__(self, n_features: int, d_hidden: int):
+    With ``identity=True`` an ``nn.Linear`` module ``identity`` (``[d_hidden, d_hidden]``, no bias, weight ``I``)
+    sits between the down- and the up-projection: ``x_hat = ReLU(W^T I W x + b)`` (the "+ID" models of the SPD
+    paper, Sec. 3.2), the same function with one more weight matrix to decompose.
+    """
+
+    def __init__(self, n_features: int, d_hidden: int, identity: bool = False):
         super().__init__()
         check_int(n_features, "n_features")
         check_int(d_hidden, "d_hidden")
+        check_bool(identity, "identity")
         self.n_features, self.d_hidden = int(n_features), int(d_hidden)
         self.W = nn.Parameter(torch.empty(d_hidden, n_features))
         self.b = nn.Parameter(torch.zeros(n_features))
         nn.init.xavier_normal_(self.W)
+        self.identity = None
+        if identity:
+            self.identity = nn.Linear(d_hidden, d_hidden, bias=False)
+            with torch.no_grad():
+                self.identity.weight.copy_(torch.eye(d_hidden))
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., n_features] -> [..., d_hidden]``: ``h = W x``."""
@@ -41,7 +52,65 @@ class TMS(nn.Module):
         """``[..., n_features] -> [..., n_features]``."""
         if x.ndim < 1 or x.shape[-1] != self.n_features:
             raise ValueError(f"x must have shape [..., n_features={self.n_features}], got {list(x.shape)}")
-        return torch.relu(F.linear(self.hidden(x), self.W.T, self.b))
+        h = self.hidden(x)
+        if self.identity is not None:
+            h = self.identity(h)
+        return torch.relu(F.linear(h, self.W.T, self.b))
+
+
+class TMSLinears(nn.Module):
+    """The same function as a :class:`TMS` written with ``nn.Linear`` modules, as in the SPD reference implementation:
+    ``linear1`` (weight ``W``, no bias), optionally ``identity`` (weight ``I``), ``linear2`` (weight ``W^T``, bias
+    ``b``) and a ReLU. SPD decomposes ``linear1`` and ``linear2`` as two sites with their own subcomponents: the
+    causal importance of a subcomponent of ``linear2`` then reads the hidden activation ``h`` (its input), which
+    decides whether the interference on an inactive output passes the ReLU. (With the tied ``W`` as one site, the
+    importances could only read ``x``.) Build it with :func:`as_linears`.
+    """
+
+    def __init__(self, n_features: int, d_hidden: int, identity: bool = False):
+        super().__init__()
+        self.n_features, self.d_hidden = check_int(n_features, "n_features"), check_int(d_hidden, "d_hidden")
+        self.linear1 = nn.Linear(n_features, d_hidden, bias=False)
+        self.identity = nn.Linear(d_hidden, d_hidden, bias=False) if check_bool(identity, "identity") else None
+        self.linear2 = nn.Linear(d_hidden, n_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., n_features] -> [..., n_features]``."""
+        if x.ndim < 1 or x.shape[-1] != self.n_features:
+            raise ValueError(f"x must have shape [..., n_features={self.n_features}], got {list(x.shape)}")
+        h = self.linear1(x)
+        if self.identity is not None:
+            h = self.identity(h)
+        return torch.relu(self.linear2(h))
+
+    def target_names(self) -> list[str]:
+        """The weights SPD decomposes: ``linear1``, (``identity``,) ``linear2``."""
+        return ["linear1", *(["identity"] if self.identity is not None else []), "linear2"]
+
+
+def as_linears(model: TMS) -> TMSLinears:
+    """:class:`TMSLinears` computing exactly ``model``'s function (weights copied; ``linear2.weight = W^T``)."""
+    if not isinstance(model, TMS):
+        raise TypeError(f"model must be a TMS, got {type(model).__name__}")
+    out = TMSLinears(model.n_features, model.d_hidden, identity=model.identity is not None)
+    with torch.no_grad():
+        out.linear1.weight.copy_(model.W)
+        out.linear2.weight.copy_(model.W.T)
+        out.linear2.bias.copy_(model.b)
+        if model.identity is not None:
+            out.identity.weight.copy_(model.identity.weight)
+    return out
+
+
+def with_identity(model: TMS) -> TMS:
+    """A copy of ``model`` with the identity layer inserted (:class:`TMS` with ``identity=True``): same function."""
+    if not isinstance(model, TMS):
+        raise TypeError(f"model must be a TMS, got {type(model).__name__}")
+    out = TMS(model.n_features, model.d_hidden, identity=True)
+    with torch.no_grad():
+        out.W.copy_(model.W)
+        out.b.copy_(model.b)
+    return out
 
 
 def tms_ground_truth(model: TMS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,12 +185,14 @@ def train_tms(cfg: TMSConfig, quiet: bool = False) -> tuple[TMS, dict]:
         hid = torch.einsum("ihn,bn->ibh", W, x)
         return torch.relu(torch.einsum("ihn,ibh->ibn", W, hid) + b[:, None, :])
 
-    for step in tqdm(range(cfg.steps), desc="train TMS", disable=quiet, leave=False):
-        x = sparse_features(cfg.batch_size, n, cfg.feature_probability, generator=step_generator(cfg.seed, step))
-        loss = ((fwd(x) - x) ** 2).mean(dim=(1, 2)).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    with progress_bar(cfg.steps, desc="train TMS", quiet=quiet) as bar:
+        for step in range(cfg.steps):
+            x = sparse_features(cfg.batch_size, n, cfg.feature_probability, generator=step_generator(cfg.seed, step))
+            loss = ((fwd(x) - x) ** 2).mean(dim=(1, 2)).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            bar.advance()
     with torch.no_grad():
         x = sparse_features(20_000, n, cfg.feature_probability, generator=step_generator(cfg.seed, -1))
         losses = ((fwd(x) - x) ** 2).mean(dim=(1, 2))

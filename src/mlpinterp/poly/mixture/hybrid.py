@@ -3,7 +3,7 @@
 Rigg & Belrose (2025, arXiv 2502.01032, §4) call the exact mixture quadratic intractable and instead
 initialise the coefficients at the optimal approximant under N(0, I) (closed form) and fine-tune them on
 samples of the class-conditional Gaussian mixture. This module reproduces that baseline so that the exact
-solver (``mixture_quadratic.fit_mixture``) can be compared with it at equal wall time.
+solver (``poly.mixture.exact.fit_mixture``) can be compared with it at equal wall time.
 
 The coefficients are the raw-coordinate tensors ``T0 [d_out]``, ``T1 [d_out, d_in]``, ``T2 [d_out, d_in, d_in]``
 of ``p(x) = T0 + T1 x + x^T T2 x``; each step draws a fresh batch from the mixture and takes one

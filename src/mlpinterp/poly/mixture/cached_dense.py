@@ -10,7 +10,7 @@ The right-hand side needs no new integrals: under component k the single-Gaussia
 the coefficients of p_k. G, its eigendecomposition and the G_k depend only on the mixture, so they are cached
 per mixture: fitting every checkpoint of a training run costs K single-Gaussian fits and K matrix-vector
 products. Intended for feature dimension (r+1)(r+2)/2 <= ~5,000 (r = support dimension), e.g. 8x8 digits;
-MNIST-scale problems use the matrix-free CG solver of ``mixture_quadratic``.
+MNIST-scale problems use the matrix-free CG solver of ``matrix_free.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import scipy.linalg
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network
 from mlpinterp.poly.approximant import DensePolynomial
-from mlpinterp.poly.mixture_quadratic import SupportCoordinates
+from mlpinterp.poly.mixture.coordinates import coordinates_of
 from mlpinterp.poly.ridge import fit_ridge
 
 #: Largest number of quadratic features (r+1)(r+2)/2 handled here.
@@ -90,7 +90,7 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
     cached = _CACHE.get(mixture)
     if cached is not None:
         return cached
-    coords = SupportCoordinates.of(mixture)  # whitened support coordinates, shared with the CG solver
+    coords = coordinates_of(mixture)  # whitened support coordinates, shared with the CG solver
     r = coords.r
     if feature_count(r) > MAX_FEATURES:
         raise ValueError(f"the cached dense quadratic solve needs {feature_count(r)} features (support dimension "

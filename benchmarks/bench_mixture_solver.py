@@ -1,0 +1,176 @@
+"""Exact mixture quadratic: today's matrix-free CG against a baseline revision, same problem, same run (issue 12).
+
+Case ``mnist`` (default): the 784-256-10 ReLU MLP of ``bench_mixture_mnist.py`` (400 Adam steps) under the 10-class
+MNIST mixture with empirical class covariances; ``mnist14``: the same on MNIST 2x2-average-pooled to 14x14
+(d = 196, 196-256-10). The baseline is ``fit_mixture`` of ``--baseline-rev`` (default 82154cb, before issue 12),
+run in a subprocess from ``git archive`` of that revision with the same network, mixture and stopping rule
+(``fvu_tol`` 1e-6, ``tol`` 1e-10, float64, its pooled start). Today's solver runs in float64, float32 with float64
+refinement, and warm-started from the first network's solution on a second "checkpoint" (50 more Adam steps).
+
+Accuracy, for every solution: the true relative residual under the float64 operator of today's code (the same
+normal equations), and the excess FVU against the baseline's answer (Monte Carlo, 20,000 mixture samples).
+Timings: wall and CPU seconds with the load average (the CPU may be shared), and ratios against the baseline.
+
+Usage: python benchmarks/bench_mixture_solver.py [--case mnist] [--solvers baseline float64 float32 warm32]
+       [--baseline-cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_BASELINE_SNIPPET = r"""
+import json, sys, time
+import numpy as np, torch
+torch.set_num_threads(1)
+from mlpinterp.networks import MLP
+from mlpinterp.gaussian.distributions import GaussianMixture
+z = np.load(sys.argv[1])
+net = MLP(z["W1"], z["b1"], z["W2"], z["b2"], "relu")
+mix = GaussianMixture(z["weights"], z["means"], z["covs"])
+from mlpinterp.poly.mixture_quadratic import fit_mixture
+t0, c0 = time.perf_counter(), time.process_time()
+p = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, tol=1e-10, maxiter=500, device="cpu")
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+np.savez(sys.argv[2], *p.tensors)
+si = p.solver_info
+json.dump({"wall_s": wall, "cpu_s": cpu, "iterations": si["iterations"], "relative_residual": si["relative_residual"],
+           "stopped_by": si["stopped_by"]}, open(sys.argv[3], "w"))
+"""
+
+
+def _problem(case: str):
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_mixture_mnist import train_mlp
+
+    from mlpinterp.data import load_mnist
+    from mlpinterp.gaussian.distributions import GaussianMixture
+
+    data = load_mnist()
+    if case == "mnist14":
+        import dataclasses
+
+        pool = lambda X: X.reshape(-1, 14, 2, 14, 2).mean((2, 4)).reshape(-1, 196).astype(np.float32)  # noqa: E731
+        data = dataclasses.replace(data, X_train=pool(data.X_train), X_test=pool(data.X_test), image_shape=(14, 14))
+    nets = [train_mlp(data, 256, steps)[0] for steps in (400, 450)]  # two "checkpoints"
+    mix = GaussianMixture.from_labels(np.asarray(data.X_train, dtype=np.float64), data.y_train)
+    return nets, mix
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", default="mnist", choices=["mnist", "mnist14"])
+    ap.add_argument("--solvers", nargs="+", default=["baseline", "float64", "float32", "warm32"],
+                    choices=["baseline", "float64", "float32", "warm64", "warm32"])
+    ap.add_argument("--baseline-rev", default="82154cb")
+    ap.add_argument("--baseline-cache", default=None,
+                    help="directory keeping the baseline's answer and timings: reused by later runs (for a loaded "
+                         "CPU, where one run cannot hold every solver: compare CPU seconds then)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from mlpinterp.poly.approximant import DensePolynomial
+    from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u
+    from mlpinterp.poly.mixture.exact import _operator, fit_mixture
+    from mlpinterp.poly.mixture.matrix_free import _dot
+    from mlpinterp.poly.ridge import fit_ridge
+
+    print(f"case {args.case}, load average {os.getloadavg()}")
+    (net, net2), mix = _problem(args.case)
+    coords = coordinates_of(mix)
+    print(f"d = {mix.d}, support rank r = {coords.r}, K = {mix.K}, class ranks {[c.rank for c in mix.components]}")
+    op = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
+    t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
+
+    def residual(p, network):
+        rhs = op.apply(None, components=[t(quadratic_in_u(fit_ridge(network, c, 2), coords)) for c in mix.components])
+        res = [a - b for a, b in zip(rhs, op.apply(t(tensors_in_u(p, coords, 2))), strict=True)]
+        return float((torch.sqrt(_dot(res, res)) / torch.sqrt(_dot(rhs, rhs))).max())
+
+    X = mix.sample(20_000, np.random.default_rng(12345))
+    rows, sols = {}, {}
+
+    def record(name, p, wall, cpu, network, its, extra=""):
+        f = network(X)
+        ref = sols.get(("baseline", id(network)))
+        exc = None if ref is None else float(((p(X) - ref(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean())
+        rows[name] = {"wall_s": wall, "cpu_s": cpu, "iterations": its, "true_relative_residual": residual(p, network),
+                      "excess_fvu_vs_baseline": exc, "load": os.getloadavg()[0]}
+        sols[(name, id(network))] = p
+        print(f"{name:10s} wall {wall:7.1f}s  CPU {cpu:7.1f}s  its {its:4d}  true residual "
+              f"{rows[name]['true_relative_residual']:.1e}  excess FVU vs baseline {exc}  load {os.getloadavg()[0]:.1f} {extra}",
+              flush=True)
+
+    cache = Path(args.baseline_cache) / args.case if args.baseline_cache else None
+    if cache is not None and (cache / "info.json").exists():
+        info = json.loads((cache / "info.json").read_text())
+        if abs(info["W1_sum"] - float(net.W1.sum())) > 1e-9 * abs(info["W1_sum"]):
+            raise SystemExit(f"{cache} holds the baseline of another network; delete it")
+        z = np.load(cache / "sol.npz")
+        record("baseline", DensePolynomial(tuple(z[f"arr_{i}"] for i in range(3))), info["wall_s"], info["cpu_s"], net,
+               info["iterations"], f"(from {cache}, an earlier run: load then {info.get('load')})")
+    elif "baseline" in args.solvers:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(f"git archive {args.baseline_rev} src | tar -x -C {tmp}", shell=True, check=True,
+                           cwd=Path(__file__).parent.parent)
+            np.savez(f"{tmp}/problem.npz", W1=net.W1, b1=net.b1, W2=net.W2, b2=net.b2, weights=mix.weights,
+                     means=mix.means, covs=mix.covs)
+            env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": "1"}
+            subprocess.run([sys.executable, "-c", _BASELINE_SNIPPET, f"{tmp}/problem.npz", f"{tmp}/sol.npz",
+                            f"{tmp}/info.json"], env=env, check=True)
+            info = json.load(open(f"{tmp}/info.json"))
+            info["load"], info["W1_sum"] = os.getloadavg()[0], float(net.W1.sum())
+            z = np.load(f"{tmp}/sol.npz")
+            p = DensePolynomial(tuple(z[f"arr_{i}"] for i in range(3)))
+            if cache is not None:
+                cache.mkdir(parents=True, exist_ok=True)
+                (cache / "info.json").write_text(json.dumps(info))
+                np.savez(cache / "sol.npz", *p.tensors)
+        record("baseline", p, info["wall_s"], info["cpu_s"], net, info["iterations"],
+               f"(stopped by {info['stopped_by']}, its own residual {info['relative_residual']:.1e})")
+    first = None
+    for name in args.solvers:
+        if name == "baseline":
+            continue
+        dtype = torch.float32 if name.endswith("32") else torch.float64
+        warm = name.startswith("warm")
+        network = net2 if warm else net
+        if warm and first is None:
+            first = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device="cpu")
+        t0, c0 = time.perf_counter(), time.process_time()
+        p = fit_mixture(network, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device="cpu",
+                        warm_start=first if warm else None)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        si = p.solver_info
+        record(name, p, wall, cpu, network, si["iterations"],
+               f"(converged {si['converged']}, stopped by {si['stopped_by']}, sweeps {len(si['sweeps'])}, "
+               f"structure {si['operator_structure']}, init {si['init']})")
+        if name == "float64" or (name == "float32" and "float64" not in args.solvers):
+            first = p if first is None else first
+    if "baseline" in rows:
+        b = rows["baseline"]
+        print("\nratios against the baseline (wall / CPU; > 1 = faster):")
+        for name, r in rows.items():
+            if name != "baseline":
+                print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall  {b['cpu_s'] / r['cpu_s']:5.2f}x CPU"
+                      + ("  (warm: second checkpoint, started from the first's solution)" if name.startswith("warm") else ""))
+    print(f"load average end {os.getloadavg()}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Approximants under a Gaussian mixture (Rigg & Belrose 2025, §3.4, §4); the single-Gaussian route is ``poly/ridge.py``.
+
+* ``coordinates.py``  whitened support coordinates of the mixture and the coordinate changes into them
+* ``linear.py``       exact degree <= 1 (law of total covariance)
+* ``cached_dense.py`` exact quadratic, dense Cholesky factorisation cached per mixture (moderate d_in, e.g. digits)
+* ``matrix_free.py``  exact quadratic at MNIST scale (matrix-free preconditioned CG)
+* ``moment_dense.py`` exact, any degree, dense moment-table Gram (small support)
+* ``exact.py``        ``fit_mixture``: the entry point of the matrix-free and moment-table solvers
+* ``hybrid.py``       the paper's hybrid (N(0, I) start + schedule-free SGD on mixture samples), for comparison
+"""

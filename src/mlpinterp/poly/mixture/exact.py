@@ -1,0 +1,253 @@
+"""Public entry point of the exact mixture solvers of degree >= 2: ``fit_mixture`` (Rigg & Belrose 2025, §3.4, §4).
+
+``method="cg"`` (degree 2, any size) is the matrix-free solver of ``matrix_free.py``; ``method="dense"``
+(any degree, small support) the moment-table solve of ``moment_dense.py``. Both work in the whitened
+support coordinates of ``coordinates.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+
+from mlpinterp.gaussian.distributions import GaussianMixture
+from mlpinterp.networks import Network, validate_network
+from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
+from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
+from mlpinterp.poly.mixture.matrix_free import PRECONDITIONERS, _MixtureOperator, _pcg
+from mlpinterp.poly.mixture.moment_dense import _solve_dense
+from mlpinterp.poly.ridge import fit_ridge
+
+_METHODS = ("auto", "exact", "cg", "dense")
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    if dtype in (None, "float64", torch.float64, np.float64):
+        return torch.float64
+    if dtype in ("float32", torch.float32, np.float32):
+        return torch.float32
+    raise ValueError(f"dtype must be torch.float64 or torch.float32 (or 'float64'/'float32'), got {dtype!r}")
+
+
+
+def fit_mixture(
+    network: Network,
+    mixture: GaussianMixture,
+    degree: int,
+    *,
+    method: str = "auto",
+    tol: float = 1e-10,
+    fvu_tol: float = 1e-7,
+    window: int = 10,
+    maxiter: int = 500,
+    preconditioner: str = "diagonal",
+    init: str = "pooled",
+    warm_start=None,
+    residual_tol: float = 1e-4,
+    device=None,
+    dtype=None,
+    progress: bool = False,
+) -> DensePolynomial:
+    """Exact least-squares approximant of degree ``degree`` of ``network`` under a Gaussian ``mixture``.
+
+    Minimises ``E_mix ||f(x) - p(x)||^2`` (Rigg & Belrose 2025, arXiv 2502.01032, eq. 2 with the mixture input
+    law of §3.4/§4) over polynomials of degree <= ``degree``, on the mixture's support (see module docstring).
+
+    Parameters
+    ----------
+    network : ``MLP`` or ``GLU`` with ``d_in = d``
+    mixture : ``GaussianMixture`` on R^d (any weights; singular components allowed)
+    degree : int >= 0 (``"cg"`` needs degree 2)
+    method : ``"auto"``/``"exact"`` (``"cg"`` for degree 2, ``"dense"`` otherwise), ``"cg"`` (matrix-free
+        preconditioned CG, O(K d_out r^3) per iteration, r = rank of the mixture covariance) or ``"dense"``
+        (explicit monomial Gram, C(r + degree, degree) <= ``MAX_DENSE_FEATURES`` features).
+    tol : CG has converged when the true relative residual ``||rhs - M theta|| / ||rhs||`` (recomputed in
+        float64) of every output is <= tol ...
+    fvu_tol : ... or when the estimated excess FVU of the iterate over the exact optimum (CG's energy-norm
+        error summed over the last ``window`` steps, relative to the explained variance; see ``matrix_free._pcg``)
+        is <= fvu_tol and the true relative residual is <= ``residual_tol``. Pass 0 to stop on the residual only.
+    window : number of CG steps in the excess-FVU estimate.
+    maxiter : CG iteration limit (all refinement sweeps together).
+    preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see ``matrix_free``).
+    init : CG's anchor and start: ``"pooled"`` (default; the exact quadratic under the pooled Gaussian) or
+        ``"zero"``. On a singular operator the answer off the components' supports is the solution closest to
+        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``matrix_free``).
+    warm_start : the previous checkpoint's ``fit_mixture`` result under the same mixture (method ``"cg"``, same
+        ``init``): CG starts from the new anchor plus its correction and returns the cold start's answer, to the
+        solver's tolerance. Any other degree <= 2 polynomial is used as a plain starting point
+        (``solver_info["canonical"]`` is then False on a singular operator).
+    residual_tol : largest true relative residual accepted with the excess-FVU stop (default 1e-4).
+    device : torch device for the CG path (default: CUDA when available, else CPU).
+    dtype : ``torch.float64`` (default) or ``torch.float32``: float32 operator applications inside CG, float64
+        true residuals and iterative refinement outside (the same stopping rules, checked in float64).
+    progress : show a tqdm bar over CG iterations.
+
+    Returns
+    -------
+    ``DensePolynomial`` with raw-coordinate tensors ``[d_out], [d_out, d], [d_out, d, d], ...``;
+    ``p.solver_info`` holds ``method``, ``iterations``, ``relative_residual`` (recomputed explicitly at the
+    end), ``converged`` (true only if the true residual met the rules above), ``stopped_by`` (``"residual"``,
+    ``"fvu"``, ``"maxiter"``, ``"stalled"`` or ``"refine"``), ``excess_fvu_estimate``, ``operator_structure``
+    (``"nonsingular"``, ``"singular"``, ``"possibly singular"``), ``init`` (``"pooled"``, ``"zero"``, ``"warm"`` or
+    ``"warm (plain start)"``), ``canonical`` (the answer is the documented one, not just any solution),
+    ``support_rank`` r, ``singular`` and a ``note`` on the support, ``wall_time_s``, ``cpu_time_s``, and (CG) the residual and
+    explained-variance histories. The dense path reports the Gram matrix's condition number and rank.
+
+    Raises
+    ------
+    TypeError : ``network``/``mixture`` of the wrong type.
+    ValueError : dimension mismatch, bad degree/method/preconditioner/tol/maxiter/dtype/warm_start, ``"cg"``
+        with degree != 2, or a dense problem too large (the message gives the largest support dimension that fits).
+    IndefiniteOperatorError : CG met a direction with ``<p, M p> < 0`` beyond rounding.
+
+    Warns
+    -----
+    RuntimeWarning : CG stopped without meeting the convergence rules (``solver_info["converged"]`` is False).
+    """
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    network = validate_network(network)
+    if not isinstance(mixture, GaussianMixture):
+        raise TypeError(f"mixture must be mlpinterp.GaussianMixture, got {type(mixture).__name__}")
+    if mixture.d != network.d_in:
+        raise ValueError(f"mixture has dimension {mixture.d} but the network has d_in = {network.d_in}")
+    if isinstance(degree, bool) or not isinstance(degree, int | np.integer) or degree < 0:
+        raise ValueError(f"degree must be a non-negative integer, got {degree!r}")
+    degree = int(degree)
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if preconditioner not in PRECONDITIONERS:
+        raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
+    if not (isinstance(tol, float | int) and tol > 0):
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if not (isinstance(fvu_tol, float | int) and fvu_tol >= 0):
+        raise ValueError(f"fvu_tol must be a non-negative number, got {fvu_tol!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if init not in ("pooled", "zero"):
+        raise ValueError(f"init must be 'pooled' or 'zero', got {init!r}")
+    if not (isinstance(residual_tol, float | int) and residual_tol > 0):
+        raise ValueError(f"residual_tol must be a positive number, got {residual_tol!r}")
+    if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1:
+        raise ValueError(f"maxiter must be a positive integer, got {maxiter!r}")
+    tdtype = _torch_dtype(dtype)
+    if method in ("auto", "exact"):
+        method = "cg" if degree == 2 else "dense"
+    if method == "cg" and degree != 2:
+        raise ValueError(f"method='cg' solves degree 2 only, got degree={degree}; use method='dense'")
+
+    if warm_start is not None:
+        _check_warm_start(warm_start, network, method)
+    coords = coordinates_of(mixture)
+    info: dict[str, Any] = {
+        "network": type(network).__name__, "activation": network.activation,
+        "distribution": f"GaussianMixture(K={mixture.K})", "degree": degree, "d_in": network.d_in,
+    }
+    if method == "dense":
+        tensors_u, sinfo = _solve_dense(network, mixture, coords, degree)
+        info["method"] = "exact-mixture-dense"
+    else:
+        tensors_u, sinfo, state = _solve_cg(network, mixture, coords, tol=float(tol), fvu_tol=float(fvu_tol),
+                                     residual_tol=float(residual_tol), window=window, maxiter=maxiter,
+                                     preconditioner=preconditioner, init=init, warm_start=warm_start, device=device,
+                                     dtype=tdtype, progress=progress, t_start=t_start)
+        info["method"] = "exact-mixture-cg"
+    sinfo["support_rank"] = coords.r
+    sinfo["singular"] = bool(coords.r < mixture.d)
+    sinfo["note"] = (
+        f"solved on the mixture's support (rank {coords.r} of {mixture.d}); extended off it by orthogonal projection"
+        if coords.r < mixture.d else "mixture covariance is non-singular"
+    )
+    raw = u_to_raw(tensors_u, coords)
+    sinfo["wall_time_s"] = time.perf_counter() - t_start
+    sinfo["cpu_time_s"] = time.process_time() - cpu_start  # all threads; the honest figure on a shared CPU
+    info["solver_info"] = sinfo
+    out = DensePolynomial(tuple(raw), info=info)
+    if method == "cg":
+        object.__setattr__(out, "_cg_state", state)  # for warm starts (matrix_free: anchor + correction)
+    return out
+
+
+
+_OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> _MixtureOperator:
+    """The mixture's operator and preconditioner, cached per (mixture, preconditioner, device, dtype)."""
+    ops = _OPERATORS.setdefault(mixture, {})
+    key = (preconditioner, str(device), str(dtype))
+    if key not in ops:
+        structure = next((op.structure for op in ops.values() if op.structure == "nonsingular"), None)
+        ops[key] = _MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure)
+    return ops[key]
+
+
+def _check_warm_start(p, network: Network, method: str) -> None:
+    if method == "dense":
+        raise ValueError("warm_start applies to method='cg' only (the dense solve is direct)")
+    if not isinstance(p, DensePolynomial | RidgePolynomial):
+        raise TypeError(f"warm_start must be a DensePolynomial or RidgePolynomial, got {type(p).__name__}")
+    if p.degree > 2 or p.d_in != network.d_in or p.d_out != network.d_out:
+        raise ValueError(f"warm_start must be a polynomial of degree <= 2 with d_in = {network.d_in} and d_out = "
+                         f"{network.d_out}, got degree {p.degree}, d_in {p.d_in}, d_out {p.d_out}")
+
+
+def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_tol, residual_tol, window, maxiter,
+              preconditioner, init, warm_start, device, dtype, progress, t_start):
+    """Matrix-free CG branch of ``fit_mixture``: tensors ``[c, b, A]`` in u and the solver diagnostics."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
+    inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
+    n_apply = (op64.n_apply, inner.n_apply)
+    as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
+    comps = [as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components]
+    t_rhs = time.perf_counter()
+    rhs = op64.apply(None, components=comps)
+    del comps
+    structure = op64.structure
+    zeros = tuple(torch.zeros_like(t) for t in rhs)
+    anchor = as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled" else zeros
+    start = init
+    x0 = anchor if init == "pooled" else None
+    if warm_start is not None:
+        state = getattr(warm_start, "_cg_state", None)
+        if state is not None and state["mixture"]() is mixture and state["init"] == init:
+            x0, start = tuple(a + torch.as_tensor(c, device=dev) for a, c in zip(anchor, state["correction"], strict=True)), "warm"
+        else:
+            t = tensors_in_u(warm_start, coords, warm_start.degree)
+            t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
+            x0, start = as_t(t), "warm (plain start)"
+    x, sinfo = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=maxiter,
+                    progress=progress, x0=x0, inner=inner)
+    canonical = structure == "nonsingular" or start != "warm (plain start)"
+    sinfo.update(method="pcg", preconditioner=preconditioner, init=start, device=str(dev),
+                 dtype=str(dtype).replace("torch.", ""), operator_structure=structure,
+                 null_directions_found=op64.null_directions, canonical=canonical,
+                 operator_applications=op64.n_apply - n_apply[0] + (inner.n_apply - n_apply[1] if inner is not op64 else 0),
+                 setup_time_s=t_rhs - t_start)
+    if structure != "nonsingular":
+        sinfo["extension_note"] = (
+            "the operator may be singular (every component is rank-deficient on the support): the polynomial is "
+            "optimal on the mixture; off the components' supports it is "
+            + ({"pooled": "the solution closest to the pooled-Gaussian quadratic", "zero": "the minimum-norm solution"}[init]
+               + " in the preconditioner's metric" if canonical else
+               "one solution among many (a plain warm start adds its null component): warm-start from a fit_mixture "
+               "result under the same mixture for the canonical one")
+        )
+    state = {"mixture": weakref.ref(mixture), "init": init,
+             "correction": tuple((a - b).detach().clone() for a, b in zip(x, anchor, strict=True))}
+    if not sinfo["converged"]:
+        warnings.warn(
+            f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "
+            f"{sinfo['relative_residual']:.2e}, estimated excess FVU {sinfo['excess_fvu_estimate']}; stopped by "
+            f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
+    tensors_u = [t.detach().to("cpu", torch.float64).numpy() for t in x]
+    tensors_u[2] = 0.5 * (tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2))
+    return tensors_u, sinfo, state

@@ -1,0 +1,142 @@
+"""The trainable SPD decomposition of a target: rank-one subcomponents + causal-importance MLPs per site
+(Bushnaq, Braun, Sharkey 2025, Sec. 2).
+
+Every decomposed weight ``W_s`` (``[d_out, d_in]``, an ``nn.Linear`` or a named 2-D parameter, tied ones included;
+see :func:`mlpinterp.apd.resolve_sites`) is ``sum_c U_c V_c^T`` with ``C`` rank-one subcomponents. They are stored
+as APD components of inner rank one (:class:`mlpinterp.apd.Components` with ``m = 1``: ``A[s][c] = U_c``,
+``B[s][c] = V_c^T``), so APD's forward with per-site coefficients
+(:func:`mlpinterp.apd.run_with_components`) is the masked forward of SPD, and APD's faithfulness loss and MMCS /
+ML2R apply unchanged. Unlike APD, the subcomponents of different sites are independent: site ``s`` subcomponent
+``c`` has its own causal importance and mask.
+
+The causal importance of site ``s`` reads the activation ``a_s`` that ``W_s`` multiplies in the *target*: the input
+of the ``nn.Linear`` itself, and for a parameter site the input of the module named in ``reads`` (``""``: the
+model's input; default). For the tied ``W`` of TMS (``x_hat = ReLU(W^T W x + b)``) that is ``x``, the input of its
+first use, and the mask of subcomponent ``c`` then scales it in both uses. (The reference implementation instead
+decomposes the two uses as two separate layers with their own subcomponents.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from mlpinterp.apd.components import Components, Site
+from mlpinterp.spd.importance import CausalImportance
+from mlpinterp.spd.sigmoids import leaky_hard_sigmoid, upper_leaky_hard_sigmoid
+
+
+def _key(name: str) -> str:
+    return name.replace(".", "__") or "__input__"
+
+
+def resolve_reads(model: nn.Module, sites: Sequence[Site], reads: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{site name: module name}`` whose forward input each site's causal importance reads.
+
+    ``nn.Linear`` sites read their own input; parameter sites the module named in ``reads`` (``""`` = the whole
+    model, i.e. its input; the default).
+
+    Raises
+    ------
+    ValueError
+        If ``reads`` names a site that is not a parameter site, or a module that the model does not have.
+    """
+    reads = dict(reads or {})
+    names = {s.name: s for s in sites}
+    bad = sorted(k for k in reads if k not in names or names[k].kind != "param")
+    if bad:
+        raise ValueError(f"reads: {bad} are not parameter sites (nn.Linear sites read their own input); parameter "
+                         f"sites: {[s.name for s in sites if s.kind == 'param']}")
+    modules = dict(model.named_modules())
+    out = {}
+    for s in sites:
+        r = s.name if s.kind == "linear" else reads.get(s.name, "")
+        if r not in modules:
+            raise ValueError(f"reads[{s.name!r}] = {r!r} is not a module of the model; modules: {sorted(modules)[:40]}")
+        out[s.name] = r
+    return out
+
+
+@contextmanager
+def capture_reads(model: nn.Module, reads: Mapping[str, str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Record ``{site: the first positional input of module reads[site]}`` during forwards inside the block."""
+    store: dict[str, torch.Tensor] = {}
+    by_module: dict[str, list[str]] = {}
+    for site, mod in reads.items():
+        by_module.setdefault(mod, []).append(site)
+
+    def hook(_m, args, sites):
+        for s in sites:
+            store[s] = args[0]
+
+    handles = [model.get_submodule(m).register_forward_pre_hook(lambda mod, args, s=sites: hook(mod, args, s))
+               for m, sites in by_module.items()]
+    try:
+        yield store
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class Decomposition(nn.Module):
+    """Subcomponents (``components``, APD :class:`Components` with ``m = 1``) and one :class:`CausalImportance`
+    per site (``importance[site]``), with ``reads`` (from :func:`resolve_reads`).
+
+    Raises ``ValueError`` for ``C < 1`` or ``d_gate < 1`` (and what :class:`Components` raises).
+    """
+
+    def __init__(self, sites: Sequence[Site], C: int, d_gate: int, reads: Mapping[str, str],
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator)
+        self.importance = nn.ModuleDict({_key(s.name): CausalImportance(C, d_gate, generator) for s in sites})
+        self.reads = dict(reads)
+
+    @property
+    def sites(self) -> list[Site]:
+        return self.components.sites
+
+    @property
+    def C(self) -> int:
+        return self.components.C
+
+    def U(self, site: Site | str) -> torch.Tensor:
+        """``[d_out, C]``: column ``c`` is ``U_c`` (writes to the output space)."""
+        return self.components.factors(site)[0][:, :, 0].T
+
+    def V(self, site: Site | str) -> torch.Tensor:
+        """``[C, d_in]``: row ``c`` is ``V_c^T`` (reads from the input space)."""
+        return self.components.factors(site)[1][:, 0, :]
+
+    def inner_acts(self, acts: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{site: h = a V^T}`` (``[..., C]``) from the target's site inputs ``{site: a [..., d_in]}``.
+
+        Raises ``ValueError`` when a site's input is missing or its last dimension is not ``d_in``.
+        """
+        out = {}
+        for s in self.sites:
+            if s.name not in acts:
+                raise ValueError(f"no input captured for site {s.name!r} (reads {self.reads.get(s.name)!r}); "
+                                 "was the target run inside capture_reads?")
+            a = acts[s.name]
+            if a.shape[-1] != s.d_in:
+                raise ValueError(f"site {s.name!r} reads the input of module {self.reads[s.name]!r}, of shape "
+                                 f"{list(a.shape)}, but its weight has d_in = {s.d_in}; set reads to a module whose "
+                                 f"input has {s.d_in} features")
+            out[s.name] = a @ self.V(s).T
+        return out
+
+    def causal_importance(self, acts: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
+        """``(g_lower, g_upper)``: ``{site: [..., C]}`` through sigma_H,lower (masks) and sigma_H,upper (minimality)."""
+        raw = {k: self.importance[_key(k)](h) for k, h in self.inner_acts(acts).items()}
+        return ({k: leaky_hard_sigmoid(v) for k, v in raw.items()},
+                {k: upper_leaky_hard_sigmoid(v) for k, v in raw.items()})
+
+    def target_forward(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(model(x), {site: a})``: the target's output and the inputs its decomposed weights multiply."""
+        with capture_reads(model, self.reads) as acts:
+            out = model(x)
+        return out, dict(acts)

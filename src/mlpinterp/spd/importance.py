@@ -1,0 +1,44 @@
+"""Causal-importance functions of SPD (Bushnaq, Braun, Sharkey 2025, Sec. 2, "Formally defining a subcomponent's
+causal importance"; architecture in the appendix).
+
+Subcomponent ``c`` of a weight ``W = sum_c U_c V_c^T`` gets its own tiny MLP ``gamma_c: R -> R`` on its inner
+activation ``h_c(x) = V_c^T a(x)`` (``a``: the input that ``W`` multiplies in the target): one hidden layer of
+``d_gate`` GELU units, ``gamma_c(h) = w2_c . gelu(w1_c h + b1_c) + b2_c``. The causal importance is
+``g_c = sigma_H(gamma_c(h_c))`` (:mod:`mlpinterp.spd.sigmoids`).
+
+All ``C`` MLPs of a site are evaluated at once: ``[..., C] -> [..., C, d_gate] -> [..., C]``. Initialisation as in
+the reference implementation: ``w1 ~ N(0, 2)`` (Kaiming, fan-in 1, ReLU gain), ``w2 ~ N(0, 1 / d_gate)``, biases 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlpinterp.utils.validation import check_int
+
+
+class CausalImportance(nn.Module):
+    """``C`` independent scalar MLPs ``gamma_c`` with ``d_gate`` GELU hidden units each.
+
+    Parameters: ``w1``, ``b1``, ``w2``: ``[C, d_gate]``; ``b2``: ``[C]``. ``forward``: ``[..., C] -> [..., C]`` (raw
+    outputs, before the hard sigmoid). Raises ``TypeError``/``ValueError`` unless ``C`` and ``d_gate`` are ints >= 1.
+    """
+
+    def __init__(self, C: int, d_gate: int, generator: torch.Generator | None = None):
+        super().__init__()
+        self.C = check_int(C, "C (subcomponents per site)")
+        self.d_gate = check_int(d_gate, "d_gate (hidden units of each causal-importance MLP)")
+        self.w1 = nn.Parameter(torch.randn(C, d_gate, generator=generator) * math.sqrt(2.0))
+        self.b1 = nn.Parameter(torch.zeros(C, d_gate))
+        self.w2 = nn.Parameter(torch.randn(C, d_gate, generator=generator) / math.sqrt(d_gate))
+        self.b2 = nn.Parameter(torch.zeros(C))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if h.shape[-1] != self.C:
+            raise ValueError(f"inner activations must have shape [..., C={self.C}], got {list(h.shape)}")
+        z = F.gelu(h[..., None] * self.w1 + self.b1)  # [..., C, d_gate]
+        return torch.linalg.vecdot(z, self.w2) + self.b2

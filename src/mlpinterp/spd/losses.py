@@ -1,0 +1,72 @@
+"""SPD losses (Bushnaq, Braun, Sharkey 2025, Sec. 2 and the appendix pseudocode), normalised as there.
+
+- faithfulness ``(1/N) sum_s ||W_s - U_s V_s||_F^2`` (``N`` decomposed parameters): APD's
+  :func:`mlpinterp.apd.faithfulness_loss` on the rank-one components;
+- stochastic reconstruction ``D(f(x | W'(x, r)), f(x | W))`` with every site masked, ``D`` the MSE (mean over batch
+  and outputs) or ``KL(softmax(target) || softmax(masked))`` (nats, mean over the batch): APD's output distance
+  :func:`mlpinterp.apd.minimality_loss`;
+- layerwise stochastic reconstruction: the same with one site masked at a time (the other sites keep the target's
+  weights), averaged over the ``L`` sites;
+- importance minimality ``(1/B) sum_b sum_s sum_c |g_upper[s][b, c]|^p``.
+
+Masks are ``{site: [batch, C]}`` (:func:`mlpinterp.spd.masks.stochastic_mask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from mlpinterp.apd.components import Components
+from mlpinterp.apd.forward import run_with_components
+from mlpinterp.apd.losses import faithfulness_loss, minimality_loss
+from mlpinterp.utils.validation import check_real
+
+__all__ = ["faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss", "stochastic_recon_loss"]
+
+
+def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -> None:
+    if not isinstance(masks, Mapping):
+        raise TypeError(f"masks must be a mapping site name -> [batch, C] tensor, got {type(masks).__name__}")
+    names = [s.name for s in comps.sites]
+    if sorted(masks) != sorted(names):
+        raise ValueError(f"masks must have one entry per site {names}, got {sorted(masks)}")
+    for k, m in masks.items():
+        if not isinstance(m, torch.Tensor) or tuple(m.shape) != (n, comps.C):
+            got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+            raise ValueError(f"masks[{k!r}] must have shape [batch={n}, C={comps.C}], got {got}")
+
+
+def stochastic_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, masks: Mapping[str, torch.Tensor],
+                          target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
+    """``D(f(x | {U_s diag(m_s) V_s}), target_out)`` with every site masked (scalar)."""
+    _check_masks(comps, masks, x.shape[0])
+    return minimality_loss(run_with_components(model, comps, x, dict(masks)), target_out, kind)
+
+
+def layerwise_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, masks: Mapping[str, torch.Tensor],
+                         target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
+    """``(1/L) sum_s D(f(x | W_1, ..., U_s diag(m_s) V_s, ..., W_L), target_out)`` (scalar)."""
+    _check_masks(comps, masks, x.shape[0])
+    total = 0.0
+    for s in comps.sites:
+        out = run_with_components(model, comps, x, {s.name: masks[s.name]}, only=(s.name,))
+        total = total + minimality_loss(out, target_out, kind)
+    return total / len(comps.sites)
+
+
+def importance_minimality_loss(g_upper: Mapping[str, torch.Tensor], p: float, eps: float = 1e-12) -> torch.Tensor:
+    """``(1/B) sum_b sum_s sum_c (|g| + eps)^p`` over ``{site: [batch, C]}`` upper-leaky causal importances.
+
+    ``eps`` keeps the gradient finite at ``g = 0`` for ``p < 1`` (it moves the value by at most ``C L eps^p``).
+    Raises ``ValueError`` for ``p <= 0`` or an empty mapping.
+    """
+    p = check_real(p, "p (importance-minimality exponent)", 0.0, lo_open=True)
+    if not isinstance(g_upper, Mapping) or not g_upper:
+        raise ValueError("g_upper must be a non-empty mapping site name -> [batch, C] causal importances")
+    total = 0.0
+    for g in g_upper.values():
+        total = total + ((g.abs() + eps) ** p).sum(-1).mean()
+    return total

@@ -1,0 +1,257 @@
+"""The SPD optimisation loop (Bushnaq, Braun, Sharkey 2025, appendix pseudocode), for any ``nn.Module``.
+
+Per step: sample a batch, run the target (recording the inputs of the decomposed weights), compute the causal
+importances ``g`` of every subcomponent, draw ``n_mask_samples`` masks ``m = g + (1 - g) r``, and minimise
+
+``c_F L_faithfulness + c_R L_stochastic-recon + c_L L_stochastic-recon-layerwise + c_I L_importance-minimality``
+
+with Adam (no weight decay) and a constant or ``cos(pi/2 * t / (T - 1))`` learning rate. Batches come from
+``sample(step)`` and the masks' ``r`` from a generator seeded by ``(seed, step)``, so a run is deterministic and an
+interrupted run resumed from its atomic checkpoint (``out_dir/checkpoint.safetensors``) is bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mlpinterp.apd.components import resolve_sites, target_weight
+from mlpinterp.spd.decomposition import Decomposition, resolve_reads
+from mlpinterp.spd.losses import (
+    faithfulness_loss,
+    importance_minimality_loss,
+    layerwise_recon_loss,
+    stochastic_recon_loss,
+)
+from mlpinterp.spd.masks import stochastic_mask
+from mlpinterp.toys.data import step_generator
+from mlpinterp.utils.checkpoint import load_training_state, on_device, save_training_state
+from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class SPDConfig:
+    """Hyperparameters of one SPD run (defaults: the paper's TMS 5-2 preset)."""
+
+    targets: tuple[str, ...] = ("W",)
+    """Decomposed weights: nn.Linear module names or 2-D parameter names (tied ones included)."""
+    reads: tuple[tuple[str, str], ...] = ()
+    """(parameter site, module) pairs: the causal importance of that site reads the module's input ("" = model input, the default)."""
+    C: int = 20
+    """Rank-one subcomponents per decomposed weight."""
+    d_gate: int = 16
+    """GELU hidden units of each subcomponent's causal-importance MLP."""
+    steps: int = 40_000
+    """Optimiser steps."""
+    batch_size: int = 4096
+    """Samples per step."""
+    lr: float = 1e-3
+    """Peak Adam learning rate."""
+    lr_schedule: str = "cosine"
+    """"cosine" (lr cos(pi/2 t/(T-1)), to zero at the last step) or "constant"."""
+    faithfulness_coeff: float = 1.0
+    """Coefficient of the faithfulness loss (parameter MSE)."""
+    stochastic_recon_coeff: float = 1.0
+    """Coefficient of the stochastic reconstruction loss (all sites masked)."""
+    layerwise_recon_coeff: float = 1.0
+    """Coefficient of the layerwise stochastic reconstruction loss (one site masked at a time)."""
+    importance_minimality_coeff: float = 3e-3
+    """Coefficient of the importance-minimality loss (beta_min)."""
+    pnorm: float = 1.0
+    """Exponent p > 0 of the importance-minimality loss."""
+    output_loss: str = "mse"
+    """Output distance of the reconstruction losses: "mse" or "kl" (logits)."""
+    n_mask_samples: int = 1
+    """Mask samples S per step."""
+    dtype: str = "float32"
+    """Floating-point type of the decomposition, the target copy and the batches: "float32" or "float64"."""
+    seed: int = 0
+    """Seed of the initialisation and of the masks' uniform noise."""
+    log_every: int = 500
+    """Record metrics every this many steps (and at the first and last step)."""
+    checkpoint_every: int = 2000
+    """Write a checkpoint every this many steps when out_dir is given."""
+
+    def __post_init__(self) -> None:
+        for name in ("C", "d_gate", "steps", "batch_size", "n_mask_samples", "log_every", "checkpoint_every"):
+            check_int(getattr(self, name), name)
+        check_int(self.seed, "seed", minimum=None)
+        check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_real(self.pnorm, "pnorm (importance-minimality exponent p)", 0.0, lo_open=True)
+        for name in ("faithfulness_coeff", "stochastic_recon_coeff", "layerwise_recon_coeff",
+                     "importance_minimality_coeff"):
+            check_real(getattr(self, name), name, 0.0)
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
+        if self.output_loss not in ("mse", "kl"):
+            raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        t = self.targets
+        if isinstance(t, str) or not isinstance(t, (tuple, list)) or not t or not all(isinstance(v, str) for v in t):
+            raise TypeError(f"targets must be a non-empty tuple of module/parameter names (str), got {t!r}")
+        r = self.reads
+        if isinstance(r, str) or not isinstance(r, (tuple, list)) or not all(
+                isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in r):
+            raise TypeError(f"reads must be a tuple of (site, module) string pairs, got {r!r}")
+        object.__setattr__(self, "targets", tuple(t))
+        object.__setattr__(self, "reads", tuple(tuple(p) for p in r))
+
+
+@dataclass
+class SPDResult:
+    """Output of :func:`decompose`: the trained decomposition (on the CPU), the configuration, the metric history
+    and the wall time in seconds (summed over resumed sessions)."""
+
+    decomposition: Decomposition
+    config: SPDConfig
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def lr_at(step: int, cfg: SPDConfig) -> float:
+    """``lr`` (constant) or ``lr cos(pi/2 * step / (steps - 1))`` (cosine; ``lr`` when ``steps == 1``)."""
+    check_int(step, "step", minimum=0)
+    if cfg.lr_schedule == "constant" or cfg.steps == 1:
+        return cfg.lr
+    return cfg.lr * math.cos(0.5 * math.pi * step / (cfg.steps - 1))
+
+
+def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDConfig,
+               target_weights: dict[str, torch.Tensor],
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss and its named terms for one batch ``x`` (also ``L0``: mean number of subcomponents per sample and
+    site with causal importance > 0, summed over sites)."""
+    with torch.no_grad():
+        target_out, acts = dec.target_forward(model, x)
+    comps = dec.components
+    g_low, g_up = dec.causal_importance(acts)
+    terms = {"faithfulness": faithfulness_loss(comps, target_weights),
+             "importance_minimality": importance_minimality_loss(g_up, cfg.pnorm)}
+    rec = lay = 0.0
+    for _ in range(cfg.n_mask_samples):
+        masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
+        r = stochastic_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
+        rec = rec + r
+        # with a single site the layerwise loss is the full one (same masks): not computed twice
+        lay = lay + (r if len(comps.sites) == 1 else
+                     layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss))
+    terms["stochastic_recon"] = rec / cfg.n_mask_samples
+    terms["layerwise_recon"] = lay / cfg.n_mask_samples
+    total = (cfg.faithfulness_coeff * terms["faithfulness"] + cfg.stochastic_recon_coeff * terms["stochastic_recon"]
+             + cfg.layerwise_recon_coeff * terms["layerwise_recon"]
+             + cfg.importance_minimality_coeff * terms["importance_minimality"])
+    logs = {k: float(v.detach()) for k, v in terms.items()}
+    logs["total"] = float(total.detach())
+    logs["L0"] = float(sum((g > 0).sum(-1).float().mean() for g in g_low.values()))
+    return total, logs
+
+
+def mask_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
+    """The generator of step ``step``'s mask noise: depends only on ``(seed, step)`` (on ``device``)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(step_generator(seed + 4_242, step).initial_seed())
+    return g
+
+
+def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDConfig,
+              out_dir: str | Path | None = None, quiet: bool = False,
+              callback: Callable[[int, Decomposition, dict], None] | None = None,
+              device: str | torch.device | None = None) -> SPDResult:
+    """Run SPD on ``model`` (frozen) with batches ``sample(step) -> [batch_size, ...]``.
+
+    Parameters
+    ----------
+    model
+        Target network; never modified (it is copied when ``device`` or ``cfg.dtype`` differ from its own).
+    sample
+        Deterministic batch of each step (e.g. from :func:`mlpinterp.toys.step_generator`); moved to ``device``.
+    cfg
+        Hyperparameters.
+    out_dir
+        If given, ``out_dir/checkpoint.safetensors`` (+ ``.json``) is written atomically every
+        ``cfg.checkpoint_every`` steps and at the end, and an existing checkpoint is resumed (on any device).
+    quiet
+        No progress bar.
+    callback
+        ``callback(step, decomposition, logs)`` at every logging step.
+    device
+        ``"cpu"``, ``"cuda"``, ... (``None``: the model's device).
+
+    Raises
+    ------
+    ValueError
+        On unknown targets or ``reads``, an unavailable device, a batch the model rejects, or a checkpoint written
+        with another configuration.
+    """
+    if not isinstance(cfg, SPDConfig):
+        raise TypeError(f"cfg must be an SPDConfig, got {type(cfg).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not callable(sample):
+        raise TypeError(f"sample must be a callable step -> [batch_size, ...] tensor, got {type(sample).__name__}")
+    dtype = DTYPES[cfg.dtype]
+    model, dev = on_device(model, device)
+    if any(p.dtype != dtype for p in model.parameters()):
+        import copy
+
+        model = copy.deepcopy(model).to(dtype)
+    sites = resolve_sites(model, cfg.targets)
+    reads = resolve_reads(model, sites, dict(cfg.reads))
+    dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed))
+    dec.to(device=dev, dtype=dtype)
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.requires_grad_(False)
+    target_weights = {s.name: target_weight(model, s).detach() for s in sites}
+    opt = torch.optim.Adam(dec.parameters(), lr=cfg.lr)
+    ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
+    start, history, prev = 0, [], 0.0
+    if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
+        start, history, prev = load_training_state(ckpt, dec, opt, asdict(cfg), prefix="spd")
+    t0 = time.perf_counter()
+    try:
+        with progress_bar(cfg.steps, initial=start, desc="SPD", quiet=quiet) as bar:
+            for step in range(start, cfg.steps):
+                lr = lr_at(step, cfg)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                x = sample(step)
+                x = x.to(device=dev, dtype=dtype) if isinstance(x, torch.Tensor) else x
+                x = check_batch_tensor(x, f"sample({step})", model if step == start else None)
+                total, logs = spd_losses(model, dec, x, cfg, target_weights, mask_generator(cfg.seed, step, dev))
+                opt.zero_grad(set_to_none=True)
+                total.backward()
+                opt.step()
+                if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                    logs.update(step=step, lr=lr)
+                    history.append(logs)
+                    bar.postfix(total=logs["total"], L0=logs["L0"])
+                    if callback is not None:
+                        callback(step, dec, logs)
+                bar.advance()
+                if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
+                    save_training_state(ckpt, dec, opt, step + 1, asdict(cfg), history,
+                                        prev + time.perf_counter() - t0, prefix="spd")
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags[n])
+    return SPDResult(dec.cpu(), cfg, history, prev + time.perf_counter() - t0)
+
+
+def with_overrides(cfg: SPDConfig, **kw) -> SPDConfig:
+    """``dataclasses.replace`` that rejects unknown field names with a ``ValueError``."""
+    if not isinstance(cfg, SPDConfig):
+        raise TypeError(f"cfg must be an SPDConfig, got {type(cfg).__name__}")
+    unknown = set(kw) - set(asdict(cfg))
+    if unknown:
+        raise ValueError(f"unknown SPDConfig fields {sorted(unknown)}")
+    return replace(cfg, **kw)

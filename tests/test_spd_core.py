@@ -1,0 +1,287 @@
+"""SPD core: sigmoids, masks, causal-importance MLPs, every loss against a hand computation, the ground truth, bad
+configurations. Independent oracles: explicit per-sample weight matrices built in loops, closed forms of U(g, 1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch import nn
+
+from mlpinterp.apd import mmcs_ml2r, resolve_sites
+from mlpinterp.spd import (
+    CausalImportance,
+    Decomposition,
+    SPDConfig,
+    decompose,
+    importance_minimality_loss,
+    layerwise_recon_loss,
+    leaky_hard_sigmoid,
+    resolve_reads,
+    stochastic_mask,
+    stochastic_recon_loss,
+    upper_leaky_hard_sigmoid,
+)
+from mlpinterp.spd.losses import faithfulness_loss
+from mlpinterp.toys import TMS, as_linears, sparse_features, step_generator, with_identity
+
+torch.set_num_threads(1)
+
+
+class Tiny(nn.Module):
+    """y = lin2(relu(lin1(x))): two nn.Linear sites with biases."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.lin1 = nn.Linear(3, 4)
+        self.lin2 = nn.Linear(4, 2)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+
+    def forward(self, x):
+        return self.lin2(torch.relu(self.lin1(x)))
+
+
+def _dec(model, targets, C=3, d_gate=4, reads=None, seed=1):
+    sites = resolve_sites(model, targets)
+    return Decomposition(sites, C, d_gate, resolve_reads(model, sites, reads), torch.Generator().manual_seed(seed))
+
+
+def _masks(dec, n, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return {s.name: torch.rand(n, dec.C, generator=g) for s in dec.sites}
+
+
+# ------------------------------------------------------------------------------------------------ sigmoids
+def test_leaky_hard_sigmoids_values_and_gradients_at_the_edges():
+    x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 1.0, 1.5], requires_grad=True)
+    lo = leaky_hard_sigmoid(x)
+    (g_lo,) = torch.autograd.grad(lo.sum(), x)
+    torch.testing.assert_close(lo.detach(), torch.tensor([-0.02, -0.005, 0.0, 0.5, 1.0, 1.0]))
+    torch.testing.assert_close(g_lo, torch.tensor([0.01, 0.01, 0.01, 1.0, 1.0, 0.0]))
+    up = upper_leaky_hard_sigmoid(x)
+    (g_up,) = torch.autograd.grad(up.sum(), x)
+    torch.testing.assert_close(up.detach(), torch.tensor([0.0, 0.0, 0.0, 0.5, 1.0, 1.005]))
+    torch.testing.assert_close(g_up, torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.01]))
+
+
+# --------------------------------------------------------------------------------------------------- masks
+def test_masks_are_uniform_on_g_to_one():
+    g = torch.tensor([0.0, 0.3, 0.9]).repeat(20_000, 1)
+    m = stochastic_mask(g, torch.Generator().manual_seed(1))
+    for j, gj in enumerate((0.0, 0.3, 0.9)):
+        col = m[:, j].double().numpy()
+        assert col.min() >= gj and col.max() <= 1.0
+        assert stats.kstest((col - gj) / (1 - gj), "uniform").pvalue > 1e-3
+        se = (1 - gj) / math.sqrt(12 * len(col))
+        assert abs(col.mean() - (1 + gj) / 2) < 5 * se
+        w = 1 - gj  # variance of U(g, 1): w^2 / 12, SE of the sample variance w^2 sqrt(1/80 - 1/144) / sqrt(n)
+        assert abs(col.var() - w**2 / 12) < 5 * w**2 * math.sqrt(1 / 80 - 1 / 144) / math.sqrt(len(col))
+
+
+def test_mask_gradient_is_one_minus_r():
+    g = torch.full((1000, 2), 0.4, requires_grad=True)
+    gen_state = torch.Generator().manual_seed(5)
+    m = stochastic_mask(g, gen_state)
+    (dg,) = torch.autograd.grad(m.sum(), g)
+    r = (m.detach() - 0.4) / 0.6
+    torch.testing.assert_close(dg, 1 - r)
+
+
+# ------------------------------------------------------------------------------------- causal importance
+def test_causal_importance_mlp_matches_a_loop():
+    ci = CausalImportance(3, 5, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ci.b1.normal_()
+        ci.b2.normal_()
+    h = torch.randn(7, 3)
+    out = ci(h)
+    for b in range(7):
+        for c in range(3):
+            hid = [F.gelu(h[b, c] * ci.w1[c, k] + ci.b1[c, k]) for k in range(5)]
+            want = sum(hid[k] * ci.w2[c, k] for k in range(5)) + ci.b2[c]
+            torch.testing.assert_close(out[b, c], want, rtol=1e-5, atol=1e-6)
+
+
+def test_inner_acts_are_V_times_the_target_input_of_each_site():
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(6, 3)
+    out, acts = dec.target_forward(model, x)
+    torch.testing.assert_close(out, model(x))
+    torch.testing.assert_close(acts["lin1"], x)
+    torch.testing.assert_close(acts["lin2"], torch.relu(model.lin1(x)))
+    h = dec.inner_acts(acts)
+    torch.testing.assert_close(h["lin2"], acts["lin2"] @ dec.V("lin2").T)
+
+
+# ---------------------------------------------------------------------------------- losses vs hand
+def _hand_tiny(model, dec, x, masks, only=None):
+    """Output with W_b = sum_c m[b, c] U_c V_c^T built explicitly per sample (sites outside ``only`` unmasked W)."""
+    ys = []
+    for b in range(x.shape[0]):
+        Ws = {}
+        for name in ("lin1", "lin2"):
+            if only is None or name in only:
+                U, V = dec.U(name), dec.V(name)
+                Ws[name] = sum(masks[name][b, c] * torch.outer(U[:, c], V[c]) for c in range(dec.C))
+            else:
+                Ws[name] = getattr(model, name).weight
+        h = torch.relu(Ws["lin1"] @ x[b] + model.lin1.bias)
+        ys.append(Ws["lin2"] @ h + model.lin2.bias)
+    return torch.stack(ys)
+
+
+def test_stochastic_and_layerwise_recon_match_hand_computation():
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3)
+    masks = _masks(dec, 5)
+    with torch.no_grad():
+        target = model(x)
+        full = stochastic_recon_loss(model, dec.components, x, masks, target)
+        lay = layerwise_recon_loss(model, dec.components, x, masks, target)
+        kl = stochastic_recon_loss(model, dec.components, x, masks, target, kind="kl")
+        y = _hand_tiny(model, dec, x, masks)
+        want = ((y - target) ** 2).mean()
+        want_lay = sum(((_hand_tiny(model, dec, x, masks, only={n}) - target) ** 2).mean()
+                       for n in ("lin1", "lin2")) / 2
+        p, q = torch.softmax(target, -1), torch.softmax(y, -1)
+        want_kl = (p * (p.log() - q.log())).sum(-1).mean()
+    torch.testing.assert_close(full, want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(lay, want_lay, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(kl, want_kl, rtol=1e-5, atol=1e-7)
+    assert float(full) > 1e-3 and float(lay) > 1e-3  # random masks on random subcomponents: far from the target
+
+
+def test_faithfulness_and_importance_minimality_match_hand_computation():
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    W = {"lin1": model.lin1.weight.detach(), "lin2": model.lin2.weight.detach()}
+    want = sum(((W[n] - dec.U(n) @ dec.V(n)) ** 2).sum() for n in W) / (12 + 8)
+    torch.testing.assert_close(faithfulness_loss(dec.components, W), want)
+    g = {"a": torch.tensor([[0.5, 0.0, 2.0], [1.0, 0.25, 0.0]]), "b": torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.0, 1.0]])}
+    p = 0.7
+    hand = (0.5**p + 2.0**p + 1.0 + 0.25**p + 0.1**p + 0.2**p + 0.3**p + 1.0) / 2
+    torch.testing.assert_close(importance_minimality_loss(g, p, eps=0.0), torch.tensor(hand))
+
+
+def test_tied_parameter_site_masks_both_uses_and_identity_site():
+    tms = TMS(5, 2)
+    model = with_identity(tms)
+    dec = _dec(model, ["W", "identity"], C=4)
+    x = sparse_features(6, 5, 0.5, generator=step_generator(0, 0))
+    masks = _masks(dec, 6)
+    with torch.no_grad():
+        target = model(x)
+        got = stochastic_recon_loss(model, dec.components, x, masks, target)
+        ys = []
+        for b in range(6):
+            Wb = sum(masks["W"][b, c] * torch.outer(dec.U("W")[:, c], dec.V("W")[c]) for c in range(4))
+            Ib = sum(masks["identity"][b, c] * torch.outer(dec.U("identity")[:, c], dec.V("identity")[c])
+                     for c in range(4))
+            ys.append(torch.relu(Wb.T @ (Ib @ (Wb @ x[b])) + model.b))
+        want = ((torch.stack(ys) - target) ** 2).mean()
+        torch.testing.assert_close(torch.relu(model.W.T @ model.W @ x.T + model.b[:, None]).T, target)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    _, acts = dec.target_forward(model, x)
+    torch.testing.assert_close(acts["W"], x)  # the tied W reads the model input (its first use)
+
+
+# ------------------------------------------------------------------------------------------ ground truth
+def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tms52_target):
+    """TMS as linear1 (W) + linear2 (W^T): subcomponent c of linear1 is W[:, c] e_c^T (important iff x_c != 0), of
+    linear2 e_c W[:, c]^T (importance 1 on every input)."""
+    model = as_linears(with_identity(tms52_target))
+    model.requires_grad_(False)
+    dec = _dec(model, model.target_names(), C=5, d_gate=4)
+    W = tms52_target.W.detach()
+    with torch.no_grad():
+        gt = {"linear1": (W.T[:, :, None], torch.eye(5)[:, None, :]),
+              "linear2": (torch.eye(5)[:, :, None], W.T[:, None, :]),
+              "identity": (torch.eye(5, 2)[:, :, None], torch.eye(5, 2)[:, None, :])}  # I = e_1 e_1^T + e_2 e_2^T
+        for site, (U, V) in gt.items():
+            A, B = dec.components.factors(site)
+            A.copy_(U)
+            B.copy_(V)
+            ci = dec.importance[site]
+            ci.w1.zero_(), ci.b1.zero_(), ci.w2.zero_(), ci.b2.zero_()
+        dec.importance["linear1"].w1[:, 0] = 100.0  # gamma_c(h) = gelu(100 h): >= 10 for h >= 0.1, 0 at h = 0
+        dec.importance["linear1"].w2[:, 0] = 1.0
+        dec.importance["linear2"].b2.fill_(1.0)  # importance exactly 1 (also through the upper-leaky sigmoid)
+        dec.importance["identity"].b2[:2] = 1.0
+    x = sparse_features(512, 5, 0.2, (0.1, 1.0), generator=step_generator(1, 0))
+    with torch.no_grad():
+        target, acts = dec.target_forward(model, x)
+        torch.testing.assert_close(target, tms52_target(x))
+        g_lo, g_up = dec.causal_importance(acts)
+        torch.testing.assert_close(g_lo["linear1"], (x != 0).float())
+        gen = torch.Generator().manual_seed(3)
+        masks = {k: stochastic_mask(g, gen) for k, g in g_lo.items()}
+        assert float(stochastic_recon_loss(model, dec.components, x, masks, target)) < 1e-12
+        assert float(layerwise_recon_loss(model, dec.components, x, masks, target)) < 1e-12
+        weights = {s: model.get_submodule(s).weight for s in gt}
+        assert float(faithfulness_loss(dec.components, weights)) < 1e-12
+        # linear1: 1 + 0.01 (gelu(100 x_c) - 1) per active feature (raw output > 1); linear2: 5 x 1; identity: 2 x 1
+        want = torch.where(x != 0, 1 + 0.01 * (F.gelu(100 * x) - 1), 0.0).sum(1).mean() + 5 + 2
+        torch.testing.assert_close(importance_minimality_loss(g_up, 1.0, eps=0.0), want)
+    mmcs, ml2r, mcs = mmcs_ml2r(W, dec.components.weights()["linear1"])
+    assert mmcs == pytest.approx(1.0, abs=1e-6) and ml2r == pytest.approx(1.0, abs=1e-6)
+    assert mcs.tolist() == [0, 1, 2, 3, 4]
+    # a wrong decomposition is not scored 1: swap two subcomponents' directions
+    P = dec.components.weights()["linear1"].clone()
+    P[0] = P[1].clone()
+    assert mmcs_ml2r(W, P)[0] < 0.999
+
+
+# ------------------------------------------------------------------------------------------ bad configs
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(C=0), ValueError, "C must be >= 1"),
+    (dict(C=2.5), TypeError, "C must be an int"),
+    (dict(pnorm=0.0), ValueError, "pnorm"),
+    (dict(pnorm=-1.0), ValueError, "pnorm"),
+    (dict(d_gate=0), ValueError, "d_gate must be >= 1"),
+    (dict(lr=0.0), ValueError, "lr must be finite and > 0"),
+    (dict(lr_schedule="linear"), ValueError, "lr_schedule must be"),
+    (dict(output_loss="l1"), ValueError, "output_loss must be"),
+    (dict(dtype="float16"), ValueError, "dtype must be one of"),
+    (dict(targets="W"), TypeError, "targets must be a non-empty tuple"),
+    (dict(importance_minimality_coeff=-1.0), ValueError, "importance_minimality_coeff"),
+    (dict(reads=(("W",),)), TypeError, "reads must be a tuple of"),
+])
+def test_bad_configs_raise_clear_errors(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        SPDConfig(**kw)
+
+
+def test_unknown_site_and_mismatched_shapes_raise():
+    model = Tiny()
+    sample = lambda s: torch.randn(8, 3)
+    with pytest.raises(ValueError, match="targets: 'nope' must name an nn.Linear"):
+        decompose(model, sample, SPDConfig(targets=("nope",), steps=1, batch_size=8), quiet=True)
+    with pytest.raises(ValueError, match="does not fit the model"):
+        decompose(model, lambda s: torch.randn(8, 5), SPDConfig(targets=("lin1",), steps=1, batch_size=8), quiet=True)
+    tms = TMS(5, 2)
+    with pytest.raises(ValueError, match="reads: \\['nope'\\] are not parameter sites"):
+        _dec(tms, ["W"], reads={"nope": ""})
+    with pytest.raises(ValueError, match="is not a module of the model"):
+        _dec(tms, ["W"], reads={"W": "missing"})
+    idm = with_identity(tms)
+    dec = _dec(idm, ["W"], reads={"W": "identity"})  # identity's input has d_hidden = 2 features, W reads 5
+    with pytest.raises(ValueError, match="d_in = 5"):
+        dec.causal_importance(dec.target_forward(idm, torch.rand(4, 5))[1])
+    dec = _dec(model, ["lin1", "lin2"])
+    with pytest.raises(ValueError, match="masks\\['lin1'\\] must have shape \\[batch=4, C=3\\]"):
+        stochastic_recon_loss(model, dec.components, torch.randn(4, 3),
+                              {"lin1": torch.ones(4, 2), "lin2": torch.ones(4, 3)}, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="masks must have one entry per site"):
+        layerwise_recon_loss(model, dec.components, torch.randn(4, 3), {"lin1": torch.ones(4, 3)}, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="p \\(importance-minimality exponent\\)"):
+        importance_minimality_loss({"a": torch.ones(2, 3)}, 0.0)
+    with pytest.raises(ValueError, match="C \\(number of components\\)"):
+        _dec(model, ["lin1"], C=0)

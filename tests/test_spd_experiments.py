@@ -1,0 +1,89 @@
+"""``mlpinterp reproduce spd`` end to end on tiny step counts (targets pre-placed to keep it fast)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+from typer.testing import CliRunner
+
+from mlpinterp.apd import resolve_sites
+from mlpinterp.cli.main import app
+from mlpinterp.experiments.spd import PRESETS, QUICK, SETTINGS, reproduce, spd_config, spd_target
+from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
+
+torch.set_num_threads(1)
+
+
+def _args(out, *extra):
+    return ["reproduce", "spd", "--setting", "tms-5-2", "--seeds", "2", "--out", str(out), "--quick", "--quiet",
+            "--steps", "10", *extra]
+
+
+def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
+    for s in (0, 1):
+        save_toy(tms52_target, tmp_path / f"seed{s}" / "target", {"loss": 0.0})
+    res = CliRunner().invoke(app, _args(tmp_path))
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert len(m["mmcs"]) == len(m["ml2r"]) == 2 and all(0 <= v <= 1 for v in m["mmcs"])
+    assert m["failed_seeds"] == sum(v < 0.99 for v in m["mmcs"])
+    assert m["config"]["steps"] == 10 and m["quick"] and m["summary"]["mmcs"]["n"] == 2
+    ps = m["paper_statistic"]
+    assert ps["of_seeds"] == 2 and ps["mmcs"] == max(m["mmcs"]) and ps["n_features"] == 5
+    md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "0.993 ± 0.002" in md and "0.9982 ± 0.0006" in md  # the SPD paper's and our APD numbers beside ours
+    assert "quick run: not a reproduction" in md and "(n = 2)" in md
+    n_fig = md.count("![")
+    assert n_fig == 6 and page.count('<img src="data:image/png;base64,') == n_fig
+    assert re.search(r"Failed seeds \(MMCS < 0.99\): \*\*\d of 2\*\*", md)
+    for f in ("losses.png", "components.png", "ci_per_feature.png", "decomposition.safetensors",
+              "spd/checkpoint.safetensors"):
+        assert (tmp_path / "seed0" / f).exists(), f
+    again = CliRunner().invoke(app, _args(tmp_path))  # resumes from the finished checkpoints: same numbers
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "metrics.json").read_text())["mmcs"] == m["mmcs"]
+    bad = CliRunner().invoke(app, _args(tmp_path, "--lr", "0.5"))
+    assert bad.exit_code == 1 and "Error:" in bad.output and "'lr'" in bad.output and "Fix:" in bad.output
+    if not torch.cuda.is_available():
+        nocuda = CliRunner().invoke(app, _args(tmp_path / "gpu", "--device", "cuda"))
+        assert nocuda.exit_code == 1 and "CUDA is not available" in nocuda.output, nocuda.output
+
+
+def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):
+    save_toy(build_resid_mlp(RESID_PRESETS["resid-mlp-1"]), tmp_path / "r" / "seed0" / "target", {"loss": 0.0})
+    out = reproduce("resid-mlp-1", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
+    m = out["per_seed"][0]
+    assert set(m["alive"]) == {"layers.0.mlp_in", "layers.0.mlp_out"}
+    assert len(m["subcomponents_per_feature"]["layers.0.mlp_in"]) == 100
+    assert m["scrubbed_mse"] >= 0 and m["anti_scrubbed_mse"] >= 0
+    assert "scrubbed MSE" in (tmp_path / "r" / "report.md").read_text()
+    save_toy(tms52_target, tmp_path / "i" / "seed0" / "target", {"loss": 0.0})
+    out = reproduce("tms-5-2-id", 1, tmp_path / "i", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
+    assert set(out["per_seed"][0]["alive"]) == {"linear1", "identity", "linear2"}
+
+
+def test_presets_resolve_on_their_targets_and_quick_is_smaller():
+    assert set(PRESETS) == set(QUICK) == set(SETTINGS)
+    for name in SETTINGS:
+        cfg, quick = spd_config(name, False, 0), spd_config(name, True, 0)
+        assert quick.steps < cfg.steps and quick.batch_size <= cfg.batch_size
+        if name.startswith("tms"):
+            from mlpinterp.toys import as_linears, with_identity
+
+            n, h = (5, 2) if "5-2" in name else (40, 10)
+            toy = TMS(n, h)
+            model = as_linears(with_identity(toy) if name.endswith("-id") else toy)
+        else:
+            model = build_resid_mlp(RESID_PRESETS[name])
+        assert [s.name for s in resolve_sites(model, cfg.targets)] == list(cfg.targets)
+        assert set(cfg.targets) == set(model.target_names())
+
+
+def test_identity_setting_reuses_the_base_target(tmp_path, tms52_target):
+    save_toy(tms52_target, tmp_path / "target", {"loss": 0.0})
+    toy, model, _ = spd_target("tms-5-2-id", 0, tmp_path / "target.safetensors", True, True)
+    x = torch.rand(7, 5)
+    torch.testing.assert_close(model(x), tms52_target(x))
+    assert toy.identity is not None

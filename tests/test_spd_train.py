@@ -1,0 +1,103 @@
+"""The SPD loop: a short TMS run lowers its losses and finds the features, resume is bit-identical, dtype / device
+arguments, the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mlpinterp.apd import mmcs_ml2r
+from mlpinterp.spd import SPDConfig, decompose, lr_at, with_overrides
+from mlpinterp.toys import as_linears, sparse_features, step_generator
+
+torch.set_num_threads(1)
+
+
+def _sample(step, n=256):
+    return sparse_features(n, 5, 0.05, generator=step_generator(3, step))
+
+
+def _tms_cfg(**kw):
+    base = dict(targets=("linear1", "linear2"), C=8, steps=40, batch_size=256, log_every=10, checkpoint_every=10,
+                lr=1e-2, importance_minimality_coeff=3e-3)
+    base.update(kw)
+    return SPDConfig(**base)
+
+
+def test_lr_schedule_is_cos_half_pi():
+    cfg = SPDConfig(steps=101, lr=2e-3)
+    assert lr_at(0, cfg) == 2e-3
+    assert lr_at(50, cfg) == pytest.approx(2e-3 * math.cos(math.pi / 4))
+    assert lr_at(100, cfg) == pytest.approx(0.0, abs=1e-18)
+    assert lr_at(70, with_overrides(cfg, lr_schedule="constant")) == 2e-3
+    with pytest.raises(ValueError, match="unknown SPDConfig fields"):
+        with_overrides(cfg, topk=1)
+
+
+def test_short_tms_run_lowers_losses_and_finds_the_features(tms52_target):
+    model = as_linears(tms52_target)
+    res = decompose(model, lambda s: _sample(s, 512), _tms_cfg(steps=200, log_every=25, C=10), quiet=True)
+    h = res.history
+    assert [e["step"] for e in h][:2] == [0, 25] and h[-1]["step"] == 199
+    for key in ("faithfulness", "stochastic_recon", "total"):
+        assert np.mean([e[key] for e in h[-3:]]) < 0.5 * np.mean([e[key] for e in h[:2]]), key
+    mmcs, ml2r, mcs = mmcs_ml2r(tms52_target.W, res.decomposition.components.weights()["linear1"])
+    assert mmcs > 0.95, mmcs  # a 200-step run already aligns a subcomponent with each feature
+    assert len(set(mcs.tolist())) == 5, mcs  # ... a different one for each
+    assert all(p.requires_grad for p in model.parameters())  # restored
+
+
+def test_resume_is_bit_identical(tms52_target, tmp_path):
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg()
+    full = decompose(model, _sample, cfg, quiet=True)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(step, dec, logs):
+        if step == 20:
+            raise Stop
+
+    with pytest.raises(Stop):
+        decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True, callback=interrupt)
+    meta = (tmp_path / "checkpoint.json").read_text()
+    assert '"step": 20' in meta
+    resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
+    a, b = full.decomposition.state_dict(), resumed.decomposition.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [e["total"] for e in full.history] == [e["total"] for e in resumed.history]
+    with pytest.raises(ValueError, match="different configuration \\(fields \\['C'\\]\\)"):
+        decompose(model, _sample, with_overrides(cfg, C=9), out_dir=tmp_path, quiet=True)
+
+
+def test_float64_run_and_seed_determinism(tms52_target):
+    model = as_linears(tms52_target)
+    r1 = decompose(model, _sample, _tms_cfg(steps=5, dtype="float64"), quiet=True)
+    assert all(p.dtype == torch.float64 for p in r1.decomposition.parameters())
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is not converted
+    r2 = decompose(model, _sample, _tms_cfg(steps=5, dtype="float64"), quiet=True)
+    r3 = decompose(model, _sample, _tms_cfg(steps=5, dtype="float64", seed=1), quiet=True)
+    assert r1.history == r2.history and r1.history != r3.history
+
+
+def test_cuda_unavailable_is_a_clear_error(tms52_target):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        decompose(as_linears(tms52_target), _sample, _tms_cfg(steps=1), quiet=True, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_matches_cpu_closely(tms52_target):
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(steps=5, dtype="float64")
+    gpu = decompose(model, _sample, cfg, quiet=True, device="cuda")
+    assert next(gpu.decomposition.parameters()).device.type == "cpu"
+    assert next(model.parameters()).device.type == "cpu"
+    assert np.isfinite(gpu.history[-1]["total"])
