@@ -45,6 +45,7 @@ from mlpinterp.lm.tokenizer import tokenizer_digest, train_tokenizer
 from mlpinterp.lm.train_config import LmTrainConfig
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_instance, check_int
 
 CHECKPOINT_FORMAT = "mlpinterp.lm_train/1"
@@ -167,15 +168,6 @@ def _load_tokenizer(out: Path, digest: str):
     return tok
 
 
-def _progress(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from mlpinterp.utils.console import console
-
-    return Progress(TextColumn("train-lm"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    TextColumn("{task.fields[info]}"), console=console(stderr=True), disable=quiet)
-
-
 def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.PathLike | None = None,
              quiet: bool = False, threads: int | None = 1) -> dict:
     """Train the tokenizer and the causal LM of ``cfg`` on the documents of ``text_dir`` into ``out``; returns the
@@ -251,8 +243,7 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
     n_chunks = train_ids.shape[0]
     t0 = time.perf_counter()
     model.train()
-    with _progress(quiet) as bar:
-        task = bar.add_task("train", total=cfg.steps, completed=step, info="")
+    with progress_bar(total=cfg.steps, initial=step, desc="train-lm", quiet=quiet) as bar:
         while step < cfg.steps:
             lr = lr_at(cfg, step)
             for g in opt.param_groups:
@@ -262,13 +253,12 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
             step += 1
             history["loss"].append(loss)
             history["lr"].append(lr)
-            info = f"loss {loss:.3f}"
             if cfg.eval_every and step % cfg.eval_every == 0:
                 ce = held_out_ce(model, held_ids[:cfg.eval_progress_chunks])
                 model.train()
                 history["eval"].append({"step": step, "ce": ce})
-                info += f" held-out CE {ce:.3f}"
-            bar.update(task, completed=step, info=info)
+            bar.advance()
+            bar.postfix(loss=loss, **({"held_out_ce": history["eval"][-1]["ce"]} if history["eval"] else {}))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 _save_checkpoint(out, model, opt, {**meta, "step": step, "history": history,
                                                    "seconds": seconds + time.perf_counter() - t0})
