@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from mlpinterp.data import load_dataset
 from mlpinterp.data.pooling import average_pool
@@ -31,6 +30,7 @@ from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, Pol
 from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, checkpoint_steps, find_checkpoints, load_classifier, train_classifier
+from mlpinterp.utils.progress import progress_bar
 
 __all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
@@ -119,7 +119,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     steps = [s for s, _ in ckpts]
     quad_steps = _quadratic_mixture_steps(steps, r["quadratic_mixture_steps"])
     curves, final_approx, warm = [], None, None
-    with tqdm(total=len(ckpts), desc=f"seed {seed}: approximants", unit="ckpt", disable=quiet) as bar:
+    with progress_bar(total=len(ckpts), desc=f"seed {seed}: approximants (checkpoints)", quiet=quiet) as bar:
         for step, path in ckpts:
             f = ev_dir / f"step_{step:07d}.json"
             if f.exists():
@@ -137,7 +137,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                         p.save(ap_dir / name)
                 atomic_write_json(f, res)
             curves.append(res)
-            bar.update(1)
+            bar.advance()
 
     final_step, final_path = ckpts[-1]
     model, _ = load_classifier(final_path)

@@ -33,12 +33,12 @@ import numpy as np
 import schedulefree
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from mlpinterp.data.dataset import Dataset
 from mlpinterp.models.classifier import Classifier, ClassifierConfig
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.progress import progress_bar
 
 CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
 """``format`` field of checkpoint metadata."""
@@ -230,7 +230,7 @@ def train_classifier(
     out_dir
         Directory for the checkpoints (created if needed).
     progress
-        Show a tqdm progress bar (with the latest test accuracy).
+        Show a progress bar (with the latest test accuracy).
     device
         Torch device for training; checkpoints are stored on CPU.
     threads
@@ -310,30 +310,29 @@ def train_classifier(
     threads_before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    bar = tqdm(total=cfg.steps, initial=resume_step, disable=not progress, desc=f"train {data.name}", unit="step")
     try:
-        for t in range(resume_step, cfg.steps):
-            idx = torch.from_numpy(epoch_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(device)
-            loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            bar.update(1)
-            step = t + 1
-            if step in todo:
-                metrics = _checkpoint(
-                    model,
-                    opt,
-                    cfg,
-                    data,
-                    out_dir,
-                    step,
-                    (X_train, y_train, X_test, y_test),
-                    wall0 + time.perf_counter() - t_start,
-                )
-                bar.set_postfix(test_acc=f"{metrics['test_accuracy']:.4f}")
+        with progress_bar(total=cfg.steps, initial=resume_step, desc=f"train {data.name}", quiet=not progress) as bar:
+            for t in range(resume_step, cfg.steps):
+                idx = torch.from_numpy(epoch_batch_indices(cfg.seed, data.n_train, cfg.batch_size, t, perm_cache)).to(device)
+                loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                bar.advance()
+                step = t + 1
+                if step in todo:
+                    metrics = _checkpoint(
+                        model,
+                        opt,
+                        cfg,
+                        data,
+                        out_dir,
+                        step,
+                        (X_train, y_train, X_test, y_test),
+                        wall0 + time.perf_counter() - t_start,
+                    )
+                    bar.postfix(test_acc=float(metrics['test_accuracy']))
     finally:
-        bar.close()
         torch.set_num_threads(threads_before)
     return paths
 

@@ -552,29 +552,28 @@ class MfrTrainer:
         """Run up to ``n_steps`` total steps (continuing from ``self.step``) over ``batches``.
 
         ``batches`` must yield ``[batch, d_in]`` tensors, starting at batch ``self.step`` when resuming.
-        Shows a tqdm bar unless ``quiet``; saves a checkpoint every ``checkpoint_every`` steps and at the end
+        Shows a progress bar unless ``quiet``; saves a checkpoint every ``checkpoint_every`` steps and at the end
         when ``checkpoint_dir`` is given. Returns ``history``.
         """
-        from tqdm.auto import tqdm
+        from mlpinterp.utils.progress import progress_bar
 
         it = iter(batches)
         if self.input_scale is None:  # normalisation: estimate from the first batches, then train on them too
             first = list(itertools.islice(it, self.cfg.norm_batches))
             self.estimate_input_scale(first)
             it = itertools.chain(first, it)
-        bar = tqdm(total=n_steps, initial=self.step, disable=quiet or self.dist.rank != 0, desc=desc)
-        while self.step < n_steps:
-            try:
-                x = next(it)
-            except StopIteration:
-                break
-            rec = self.train_step(x)
-            bar.update(1)
-            if self.step % 20 == 0:
-                bar.set_postfix(recon=f"{np.mean(rec['recon']):.4f}", pen=f"{rec['penalty'] or 0.0:.3f}")
-            if checkpoint_dir is not None and self.step % checkpoint_every == 0:
-                self.save_checkpoint(checkpoint_dir)
-        bar.close()
+        with progress_bar(total=n_steps, initial=self.step, desc=desc, quiet=quiet or self.dist.rank != 0) as bar:
+            while self.step < n_steps:
+                try:
+                    x = next(it)
+                except StopIteration:
+                    break
+                rec = self.train_step(x)
+                bar.advance()
+                if self.step % 20 == 0:
+                    bar.postfix(recon=float(np.mean(rec["recon"])), pen=float(rec["penalty"] or 0.0))
+                if checkpoint_dir is not None and self.step % checkpoint_every == 0:
+                    self.save_checkpoint(checkpoint_dir)
         if checkpoint_dir is not None:
             self.save_checkpoint(checkpoint_dir)
         return self.history
