@@ -108,8 +108,10 @@ def test_wrong_width_sae_is_rejected(minilm):
 
 
 def test_gpt2_by_name_without_weights_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="not available locally"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):  # a path: said to be missing
         load_model(str(tmp_path / "no-such-model"))
+    with pytest.raises(ValueError, match="not available locally"):  # a hub name not in the local cache
+        load_model("no-such-org-xyz/no-such-model-xyz")
 
 
 def test_rank_shards_partition_the_chunks(minilm):
