@@ -52,9 +52,9 @@ _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; max-width: 1150px; margin: 2em auto;
        padding: 0 1em; line-height: 1.45; color: #1b1b1b; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 14px; max-width: 100%; }
 th, td { border: 1px solid #c8c8c8; padding: 4px 8px; vertical-align: top; }
-th { background: #f2f2f2; text-align: left; }
+th { background: #f2f2f2; text-align: left; font-size: 13px; overflow-wrap: anywhere; }
 code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; font-size: 90%; }
 pre code { display: block; padding: 0.6em; overflow-x: auto; }
 img { max-width: 100%; height: auto; }
