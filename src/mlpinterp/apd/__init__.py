@@ -15,7 +15,7 @@ from mlpinterp.apd.attributions import (
     is_residual_mlp,
     is_tms,
 )
-from mlpinterp.apd.components import Components, Site, resolve_sites, target_weight
+from mlpinterp.apd.components import Components, Site, reference_init_std, reference_rank, resolve_sites, target_weight
 from mlpinterp.apd.forward import capture_outputs, run_with_components
 from mlpinterp.apd.losses import (
     act_recon_loss,
@@ -44,7 +44,7 @@ __all__ = [
     "APDConfig", "APDResult", "Components", "ScrubbingResult", "Site", "act_recon_loss", "activation_frequency",
     "apd_losses", "attributions", "attributions_reference", "batch_topk_mask", "capture_outputs",
     "closed_form_applies", "column_match", "component_schatten", "decompose", "is_residual_mlp", "is_tms", "faithfulness_loss", "lp_minimality_loss", "lp_simplicity_loss", "lr_at",
-    "minimality_loss", "mmcs_ml2r", "per_feature_mse", "resolve_sites", "responsible_components",
+    "minimality_loss", "mmcs_ml2r", "reference_init_std", "reference_rank", "per_feature_mse", "resolve_sites", "responsible_components",
     "run_with_components", "schatten_pp", "scrub_keep_masks", "scrubbing", "select_mask", "simplicity_loss", "target_weight",
     "topk_mask", "with_overrides",
 ]

@@ -92,6 +92,27 @@ def _key(name: str) -> str:
     return name.replace(".", "__")
 
 
+INITS = ("scaled", "reference")
+
+
+def reference_init_std(C: int, d: int, m: int, instances: int = 3) -> float:
+    """Entry std of ``torch.nn.init.xavier_normal_`` on a 4-D tensor ``[instances, C, d, m]``, as the APD reference
+    initialises its factors: fan_in ``= C d m``, fan_out ``= instances d m``, std ``= sqrt(2 / (fan_in + fan_out))
+    = sqrt(2 / ((C + instances) d m))``."""
+    for name, v in (("C", C), ("d", d), ("m", m), ("instances", instances)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return math.sqrt(2.0 / ((C + instances) * d * m))
+
+
+def reference_rank(d_out: int, d_in: int) -> int:
+    """The APD reference's inner rank for TMS: ``min(d_out, d_in) + 1`` (11 for TMS 40-10)."""
+    for name, v in (("d_out", d_out), ("d_in", d_in)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return min(d_out, d_in) + 1
+
+
 class Components(nn.Module):
     """``C`` parameter components, factored per site with inner rank ``m``.
 
@@ -107,13 +128,25 @@ class Components(nn.Module):
     init_scale
         ``B`` rows start ``~ N(0, 1/d_in)`` and ``A`` entries ``~ N(0, init_scale^2 / (C m))``, so that the sum
         of components starts with the typical scale of a ``nn.Linear`` weight times ``init_scale``.
+    init
+        ``"scaled"`` (the above) or ``"reference"``: the APD reference implementation's Xavier-normal over 4-D
+        tensors ``[instances, C, d, m]`` (see :func:`reference_init_std`), so the summed weight starts small
+        (entry std ``sqrt(C m) std_A std_B``, ≈ 0.004 for TMS 40-10); ``init_scale`` multiplies ``A``.
+    instances
+        Number of model instances the reference trained at once (it enters the Xavier fan-out); only for
+        ``init="reference"``.
     generator
         Optional ``torch.Generator`` for the initialisation.
     """
 
     def __init__(self, sites: Sequence[Site], C: int, m: int | None | Mapping[str, int] = None,
-                 init_scale: float = 1.0, generator: torch.Generator | None = None):
+                 init_scale: float = 1.0, generator: torch.Generator | None = None, init: str = "scaled",
+                 instances: int = 3):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ValueError(f"instances must be a positive int, got {instances!r}")
         if isinstance(C, bool) or not isinstance(C, int) or C <= 0:
             raise ValueError(f"C (number of components) must be a positive int, got {C!r}")
         if isinstance(sites, (str, Site)) or not isinstance(sites, Sequence):
@@ -138,8 +171,13 @@ class Components(nn.Module):
             ms = min(s.d_out, s.d_in) if ms is None else ms
             if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
                 raise ValueError(f"m (inner rank) for site {s.name!r} must be a positive int or None, got {ms!r}")
-            A = torch.randn(C, s.d_out, ms, generator=generator) * (init_scale / math.sqrt(C * ms))
-            B = torch.randn(C, ms, s.d_in, generator=generator) / math.sqrt(s.d_in)
+            if init == "reference":
+                std_A, std_B = (reference_init_std(C, d, ms, instances) for d in (s.d_out, s.d_in))
+                std_A *= init_scale
+            else:
+                std_A, std_B = init_scale / math.sqrt(C * ms), 1.0 / math.sqrt(s.d_in)
+            A = torch.randn(C, s.d_out, ms, generator=generator) * std_A
+            B = torch.randn(C, ms, s.d_in, generator=generator) * std_B
             self.A[_key(s.name)] = nn.Parameter(A)
             self.B[_key(s.name)] = nn.Parameter(B)
 

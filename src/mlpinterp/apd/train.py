@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from mlpinterp.apd.attributions import SOURCES, attributions
-from mlpinterp.apd.components import Components, resolve_sites, target_weight
+from mlpinterp.apd.components import INITS, Components, resolve_sites, target_weight
 from mlpinterp.apd.forward import capture_outputs, run_with_components
 from mlpinterp.apd.losses import (
     SCHATTEN_MODES,
@@ -38,6 +38,9 @@ from mlpinterp.apd.masks import batch_topk_mask, topk_mask
 from mlpinterp.utils.checkpoint import load_training_state, on_device, save_training_state
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor
+
+
+LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class APDConfig:
     lr: float = 3e-2
     """Peak learning rate."""
     lr_schedule: str = "constant"
-    """``"constant"`` or ``"cosine"`` (to zero) after warm-up."""
+    """After warm-up: ``"constant"``, ``"cosine"`` (half period to zero) or ``"quarter_cosine"`` (the APD reference's ``cos(π/2 t/(T-1))``)."""
     warmup_frac: float = 0.05
     """Fraction of steps with a linear learning-rate warm-up."""
     weight_decay: float = 0.0
@@ -94,6 +97,10 @@ class APDConfig:
     """Renormalise the rows of ``B`` (reading factors) to unit norm after every step (paper, resid-MLP-1)."""
     init_scale: float = 1.0
     """Initial scale of the ``A`` factors."""
+    init: str = "scaled"
+    """Factor initialisation: ``"scaled"`` (sum starts at nn.Linear scale) or ``"reference"`` (the reference's small 4-D Xavier)."""
+    init_instances: int = 3
+    """``init="reference"``: model instances in the reference's Xavier fan-out ``[instances, C, d, m]``."""
     chunk_size: int | None = None
     """Components propagated at once in the attribution pass (``None``: all)."""
     seed: int = 0
@@ -105,7 +112,8 @@ class APDConfig:
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first ill-typed or inconsistent field."""
-        for name in ("C", "steps", "batch_size", "log_every", "checkpoint_every", "seed", "m", "chunk_size"):
+        for name in ("C", "steps", "batch_size", "log_every", "checkpoint_every", "seed", "m", "chunk_size",
+                     "init_instances"):
             v = getattr(self, name)
             if v is None and name in ("m", "chunk_size"):
                 continue
@@ -133,8 +141,10 @@ class APDConfig:
             v = getattr(self, name)
             if isinstance(v, str) or not isinstance(v, (tuple, list)) or not all(isinstance(t, str) for t in v):
                 raise TypeError(f"{name} must be a tuple of module/parameter names (str), got {v!r}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.sparsity not in ("topk", "lp"):
@@ -170,7 +180,9 @@ class APDResult:
 
 
 def lr_at(step: int, cfg: APDConfig) -> float:
-    """Learning rate at ``step``: linear warm-up over ``warmup_frac * steps``, then constant or cosine to 0."""
+    """Learning rate at ``step``: linear warm-up ``lr (step + 1) / w`` over ``w = int(warmup_frac * steps)`` steps, then
+    constant, cosine ``lr (1 + cos(π t / T')) / 2`` or quarter cosine ``lr cos(π/2 · t / (T' - 1))`` (the APD
+    reference's schedule, 0 at the last step), with ``t = step - w`` and ``T' = steps - w``."""
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     warm = int(cfg.warmup_frac * cfg.steps)
@@ -178,6 +190,8 @@ def lr_at(step: int, cfg: APDConfig) -> float:
         return cfg.lr * (step + 1) / warm
     if cfg.lr_schedule == "constant":
         return cfg.lr
+    if cfg.lr_schedule == "quarter_cosine":
+        return cfg.lr * math.cos(0.5 * math.pi * (step - warm) / max(1, cfg.steps - warm - 1))
     frac = (step - warm) / max(1, cfg.steps - warm)
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
 
@@ -270,7 +284,8 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     if cfg.act_recon_coeff > 0 and any(s.kind == "param" for s in sites):
         raise ValueError("hidden-activation reconstruction is only supported when every target is an nn.Linear")
     gen = torch.Generator().manual_seed(cfg.seed)
-    comps = Components(sites, cfg.C, cfg.m, init_scale=cfg.init_scale, generator=gen)
+    comps = Components(sites, cfg.C, cfg.m, init_scale=cfg.init_scale, generator=gen, init=cfg.init,
+                       instances=cfg.init_instances)
     if cfg.unit_norm_B:
         comps.normalize_B_()
     comps.to(dev)

@@ -1,6 +1,7 @@
 """CLI commands for the apd part of mlpinterp.
 
-- ``mlpinterp reproduce apd --setting tms-5-2 --seeds 3 --out DIR [--quick] [--quiet] [--steps N]``
+- ``mlpinterp reproduce apd --setting tms-5-2 --seeds 3 --out DIR [--quick] [--quiet] [--steps N]
+  [--fidelity ours|reference]``
 - ``mlpinterp apd train-target --setting resid-mlp-1 --seed 0 --out target.safetensors [--quick]``
 """
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from mlpinterp.cli.paramspace import Device, Lr, Out, Quick, Quiet, Seeds, Steps, Threads, run
+from mlpinterp.cli.paramspace import Device, FidelityOpt, Lr, Out, Quick, Quiet, Seeds, Steps, Threads, run
 
 
 class Setting(StrEnum):
@@ -31,13 +32,14 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     def reproduce_apd(
         setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
         out: Out = ..., seeds: Seeds = 3, quick: Quick = False, device: Device = "cpu", quiet: Quiet = False,
-        steps: Steps = None, lr: Lr = None, threads: Threads = 1,
+        steps: Steps = None, lr: Lr = None, threads: Threads = 1, fidelity: FidelityOpt = "ours",
     ) -> None:
         """Train the target if needed, decompose it with APD, write figures, metrics.json, report.md and the
         self-contained report.html."""
         from mlpinterp.experiments.apd import reproduce
 
-        result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device)
+        result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
+                     fidelity=str(fidelity))
         for k, (mu, sd) in result["summary"].items():
             typer.echo(f"{k:28s} {mu:.4g}" + (f" ± {sd:.2g}" if sd is not None else "") + f" (n = {seeds})")
         typer.echo(f"report: {out / 'report.html'}")

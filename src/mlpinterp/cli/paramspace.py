@@ -6,6 +6,7 @@ and help text.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -22,9 +23,23 @@ Lr = Annotated[float | None, typer.Option("--lr", min=0.0, help="Override the pr
 Threads = Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads.")]
 
 
+class Fidelity(StrEnum):
+    """How closely to follow the APD reference implementation (``mlpinterp.experiments.apd.FIDELITIES``)."""
+
+    ours = "ours"
+    reference = "reference"
+
+
+FidelityOpt = Annotated[Fidelity, typer.Option(
+    "--fidelity", help="ours: our presets; reference (TMS only): the APD reference implementation's way (inner rank "
+                       "min(d_in, d_hidden) + 1, small 4-D Xavier init, no weight decay, cos(π/2 t/(T-1)) after "
+                       "warm-up, target trained at lr 5e-3 with linear decay).")]
+
+
 def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool, steps: int | None,
-        lr: float | None, threads: int, device: str) -> dict:
-    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides, expected failures as ``Error:``/``Fix:``."""
+        lr: float | None, threads: int, device: str, **extra) -> dict:
+    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides (and ``extra`` keyword arguments), expected
+    failures as ``Error:``/``Fix:``."""
     import torch
 
     from mlpinterp.cli.errors import expected_errors
@@ -32,4 +47,5 @@ def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool
     torch.set_num_threads(threads)
     overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {})}
     with expected_errors("use another --out for a different configuration, or --device cpu without CUDA"):
-        return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device)
+        return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device,
+                         **extra)

@@ -28,6 +28,7 @@ from mlpinterp.apd import (
     attributions,
     column_match,
     decompose,
+    reference_rank,
     per_feature_mse,
     responsible_components,
     run_with_components,
@@ -96,6 +97,29 @@ QUICK: dict[str, dict] = {
     "gated-trig": dict(steps=8000, batch_size=2048, lr_schedule="cosine", log_every=400),
 }
 
+#: ``fidelity``: ``"ours"`` (the presets above) or ``"reference"`` (TMS only: the APD reference implementation's way).
+FIDELITIES = ("ours", "reference")
+
+
+def reference_overrides(name: str) -> dict:
+    """APDConfig fields of ``fidelity="reference"`` for TMS setting ``name``: inner rank ``min(d_in, d_hidden) + 1``,
+    the reference's small 4-D Xavier initialisation, AdamW without weight decay, quarter-cosine schedule after the
+    preset's linear warm-up (5 % of the steps: 1000 of the paper's 20k), and the preset's attribution source
+    (the target for TMS 40-10, the APD model for TMS 5-2, as the paper).
+
+    Raises ``ValueError`` for a setting that is not TMS."""
+    if name not in TMS_PRESETS:
+        raise ValueError(f"fidelity='reference' is defined for {tuple(TMS_PRESETS)} only, got setting {name!r}")
+    t = TMS_PRESETS[name]
+    return dict(m=reference_rank(t.d_hidden, t.n_features), init="reference", init_instances=3, weight_decay=0.0,
+                lr_schedule="quarter_cosine")
+
+
+def _check_fidelity(fidelity: str) -> None:
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
+
+
 QUICK_TARGET = {"tms-5-2": {}, "tms-40-10": {}, "resid-mlp-1": dict(steps=2000, batch_size=1024),
                 "resid-mlp-2": dict(steps=2000, batch_size=1024), "resid-mlp-3": dict(steps=2000, batch_size=1024)}
 
@@ -123,12 +147,16 @@ def setting_spec(name: str) -> SettingSpec:
     raise ValueError(f"setting must be one of {SETTINGS} (or resid-mlp-3), got {name!r}")
 
 
-def apd_config(name: str, quick: bool, seed: int, **overrides) -> APDConfig:
-    """The APD configuration of ``name`` (paper or quick preset) with ``seed`` and ``overrides`` applied."""
+def apd_config(name: str, quick: bool, seed: int, fidelity: str = "ours", **overrides) -> APDConfig:
+    """The APD configuration of ``name`` (paper or quick preset, ``fidelity`` ``"ours"`` or ``"reference"``) with
+    ``seed`` and ``overrides`` applied."""
     if name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
+    _check_fidelity(fidelity)
     cfg = PRESETS[name]
     kw = dict(QUICK[name]) if quick else {}
+    if fidelity == "reference":
+        kw.update(reference_overrides(name))
     kw.update(overrides)
     kw["seed"] = seed
     from mlpinterp.apd import with_overrides
@@ -136,16 +164,27 @@ def apd_config(name: str, quick: bool, seed: int, **overrides) -> APDConfig:
     return with_overrides(cfg, **kw)
 
 
-def get_target(name: str, seed: int, path: Path, quick: bool, quiet: bool) -> tuple[nn.Module, dict]:
-    """Load ``path`` if it exists, else train (or hand-code) the target of ``name`` and save it there."""
+def get_target(name: str, seed: int, path: Path, quick: bool, quiet: bool,
+               fidelity: str = "ours") -> tuple[nn.Module, dict]:
+    """Load ``path`` if it exists, else train (or hand-code) the target of ``name`` and save it there.
+
+    ``fidelity="reference"`` trains a TMS target with the reference's recipe (lr 5e-3 decayed linearly to 0).
+    Raises ``ValueError`` when a TMS target at ``path`` was trained with the other recipe."""
+    _check_fidelity(fidelity)
+    schedule = "linear" if fidelity == "reference" else "constant"
     if path.exists() and path.with_suffix(".json").exists():
         model, meta = load_toy(path)
-        return model, meta.get("info", {})
+        info = meta.get("info", {})
+        saved = info.get("config", {}).get("lr_schedule", "constant") if name in TMS_PRESETS else schedule
+        if saved != schedule:
+            raise ValueError(f"target {str(path)!r} was trained with lr_schedule={saved!r}, but fidelity={fidelity!r} "
+                             f"needs {schedule!r}; use another out directory")
+        return model, info
     t0 = time.perf_counter()
     if name in TMS_PRESETS:
         from dataclasses import replace
 
-        model, info = train_tms(replace(TMS_PRESETS[name], seed=seed), quiet=quiet)
+        model, info = train_tms(replace(TMS_PRESETS[name], seed=seed, lr_schedule=schedule), quiet=quiet)
     elif name in RESID_PRESETS:
         from dataclasses import replace
 
@@ -275,12 +314,14 @@ SUMMARY_KEYS = ("mmcs", "ml2r", "gt_param_mmcs", "topk_mse", "scrubbed_mse", "an
 
 
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
-              overrides: dict | None = None, n_eval: int = 4000, device: str | None = None) -> dict:
+              overrides: dict | None = None, n_eval: int = 4000, device: str | None = None,
+              fidelity: str = "ours") -> dict:
     """Train (or load) targets, decompose with APD for ``seeds`` seeds, evaluate and write ``metrics.json``,
     ``report.md`` and the self-contained ``report.html`` (figures embedded).
 
     ``overrides`` replaces APDConfig fields of the preset; ``n_eval`` is the number of held-out evaluation samples;
-    ``device`` is where the decomposition trains (evaluation runs on the CPU).
+    ``device`` is where the decomposition trains (evaluation runs on the CPU); ``fidelity="reference"`` runs TMS the
+    APD reference implementation's way (:func:`reference_overrides` and the reference's target recipe).
 
     Returns the ``metrics.json`` content. Re-running resumes unfinished decompositions from their checkpoints.
 
@@ -293,15 +334,18 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
+    _check_fidelity(fidelity)
+    if fidelity == "reference":
+        reference_overrides(setting)  # raises for a setting that is not TMS
     out = Path(out)
     spec = setting_spec(setting)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
-        model, info = get_target(setting, seed, sd / "target.safetensors", quick, quiet)
+        model, info = get_target(setting, seed, sd / "target.safetensors", quick, quiet, fidelity)
         model.requires_grad_(False)
-        cfg = apd_config(setting, quick, seed, **(overrides or {}))
+        cfg = apd_config(setting, quick, seed, fidelity, **(overrides or {}))
         sample = lambda step, cfg=cfg, seed=seed: spec.sample(cfg.batch_size, step_generator(seed + 1000, step))
         res = decompose(model, sample, cfg, out_dir=sd / "apd", quiet=quiet, device=device)
         comps = res.components
@@ -314,8 +358,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
                  target_loss=info.get("loss"))
         per_seed.append(m)
     summary = {k: _mean_std([m[k] for m in per_seed]) for k in SUMMARY_KEYS if all(k in m for m in per_seed)}
-    result = {"setting": setting, "quick": quick, "seeds": seeds, "config": asdict(apd_config(setting, quick, 0,
-              **(overrides or {}))), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
+    result = {"setting": setting, "quick": quick, "seeds": seeds, "fidelity": fidelity,
+              "config": asdict(apd_config(setting, quick, 0, fidelity, **(overrides or {}))), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu"}
     if all("max_cos" in m for m in per_seed):
@@ -343,7 +387,7 @@ def render_report(result: dict) -> str:
     n = len(per)
     keys = [k for k in SUMMARY_KEYS if all(k in m for m in per)]
     lines = [f"# APD reproduction: {result['setting']}{' (quick preset: not a reproduction)' if result['quick'] else ''}",
-             "", f"Seeds: n = {n}; device {result.get('device', 'cpu')}; torch threads: {result['threads']}; 1/5/15-min "
+             "", f"Fidelity: {result.get('fidelity', 'ours')}. Seeds: n = {n}; device {result.get('device', 'cpu')}; torch threads: {result['threads']}; 1/5/15-min "
              f"load average at the end: {result.get('load_average')} (`seconds` is the APD wall time, summed over "
              "resumed sessions).", ""]
     rows = []
