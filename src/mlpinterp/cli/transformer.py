@@ -27,8 +27,10 @@ def _ints(values: list[str], name: str) -> tuple[int, ...]:
 
 def continue_flags(old: dict) -> str:
     """The ``reproduce transformer`` flags that continue the run whose ``config.json`` is ``old``."""
+    import shlex
+
     layers = "all" if old.get("layers") is None else ",".join(str(i) for i in old["layers"])
-    flags = [f"--model {old['model']}", f"--layers {layers}", "--degrees " + " ".join(map(str, old["degrees"]))]
+    flags = [f"--model {shlex.quote(str(old['model']))}", f"--layers {layers}", "--degrees " + " ".join(map(str, old["degrees"]))]
     flags += [f"--input-model {m}" for m in old["input_models"]]
     flags += ["--quick" if old.get("run") == "quick" else "--no-quick",
               f"--max-tokens {old['capture']['max_tokens']}", f"--ctx-len {old['capture']['ctx_len']}",
@@ -112,7 +114,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             try:
                 res = run_transformer(out, exp, quiet=quiet, texts=texts)
             except RunConfigConflict as e:
+                import shlex
+
                 e.fix = (f"continue that run with `mlpinterp reproduce transformer {continue_flags(e.old)} --out "
-                         f"{out}` (and the same --text), or choose a new --out")
+                         f"{shlex.quote(str(out))}` (and the same --text), or choose a new --out")
                 raise
         typer.echo(f"wrote {out / 'report.md'} and {out / 'report.html'} ({res['seconds']:.0f} s)")
