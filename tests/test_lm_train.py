@@ -16,8 +16,9 @@ pytest.importorskip("tokenizers")
 
 from mlpinterp.cli.main import app  # noqa: E402
 from mlpinterp.lm import train as lm_train  # noqa: E402
-from mlpinterp.lm.train import LmRunConflictError, lr_at, train_lm  # noqa: E402
+from mlpinterp.lm.train import lr_at, train_lm  # noqa: E402
 from mlpinterp.lm.train_config import LmTrainConfig  # noqa: E402
+from mlpinterp.models import RunConflictError  # noqa: E402
 from mlpinterp.utils.config_docs import field_docs  # noqa: E402
 from mlpinterp.utils.io import load_tensors  # noqa: E402
 from tests import cli_utils  # noqa: E402
@@ -158,11 +159,11 @@ def test_bad_input_errors(tmp_path, text_dir):
     with pytest.raises(ValueError, match=r"held-out documents \['tiny_test.txt'\].*fewer than ctx_len=16"):
         train_lm(LmTrainConfig(**TINY), tmp_path / "y", text_dir=short, quiet=True)
     train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)
-    with pytest.raises(LmRunConflictError, match=r"lr saved 0.001, requested 0.002") as e:
+    with pytest.raises(RunConflictError, match=r"lr saved 0.001, requested 0.002") as e:
         train_lm(LmTrainConfig(**{**TINY, "lr": 2e-3}), tmp_path / "run", text_dir=text_dir, quiet=True)
     assert "another --out" in e.value.fix
     (text_dir / "a.txt").write_text("another corpus " * 500)
-    with pytest.raises(LmRunConflictError, match="train_digest"):
+    with pytest.raises(RunConflictError, match="train_digest"):
         train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)
     (tmp_path / "run" / "checkpoint" / "train_state.json").write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):

@@ -80,8 +80,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         import torch
 
         from mlpinterp.cli.errors import expected_errors
-        from mlpinterp.experiments.transformer import RunConfigConflict, run_transformer
+        from mlpinterp.experiments.transformer import run_transformer
         from mlpinterp.lm.text import read_texts
+        from mlpinterp.models import RunConflictError
+        from mlpinterp.utils.io import read_json
 
         if threads:
             torch.set_num_threads(threads)
@@ -113,10 +115,11 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 transformers.utils.logging.disable_progress_bar()
             try:
                 res = run_transformer(out, exp, quiet=quiet, texts=texts)
-            except RunConfigConflict as e:
+            except RunConflictError as e:
                 import shlex
 
-                e.fix = (f"continue that run with `mlpinterp reproduce transformer {continue_flags(e.old)} --out "
+                old = read_json(out / "config.json", what="run configuration")
+                e.fix = (f"continue that run with `mlpinterp reproduce transformer {continue_flags(old)} --out "
                          f"{shlex.quote(str(out))}` (and the same --text), or choose a new --out")
                 raise
         typer.echo(f"wrote {out / 'report.md'} and {out / 'report.html'} ({res['seconds']:.0f} s)")

@@ -251,15 +251,6 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 # ------------------------------------------------------------------------------------------------ the run
 
 
-class RunConfigConflict(ValueError):
-    """``out`` holds a run with another configuration; ``old`` is that run's ``config.json`` (for a CLI to say how
-    to continue it)."""
-
-    def __init__(self, message: str, old: dict):
-        super().__init__(message)
-        self.old = old
-
-
 def _check_config(out: Path, exp: TransformerExperiment) -> dict:
     """Refuse ``out`` if it holds a run with another configuration; returns this run's configuration as JSON
     (written to ``out/config.json`` by the caller once the run's inputs are validated, so a command that fails on
@@ -269,10 +260,11 @@ def _check_config(out: Path, exp: TransformerExperiment) -> dict:
     if cfg_path.exists():
         old = read_json(cfg_path, what="run configuration")
         if old != cfg:
-            diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
-            raise RunConfigConflict(f"{str(out)!r} holds a run with another configuration (differs in {diff}); "
-                                    "continue it with its own settings, use a new --out or delete the directory",
-                                    old)
+            from mlpinterp.models import RunConflictError
+
+            diff = {k: (old.get(k), cfg.get(k)) for k in set(old) | set(cfg) if old.get(k) != cfg.get(k)}
+            raise RunConflictError(out, "config.json of a run with another configuration", diff,
+                                   fix="continue it with its own settings, use a new --out or delete the directory")
     return cfg
 
 

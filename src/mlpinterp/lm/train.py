@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from mlpinterp.lm.text import read_texts, split_files, texts_digest, token_chunks
 from mlpinterp.lm.tokenizer import tokenizer_digest, train_tokenizer
 from mlpinterp.lm.train_config import LmTrainConfig
+from mlpinterp.models.train import RunConflictError
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 from mlpinterp.utils.progress import progress_bar
@@ -76,16 +77,6 @@ def held_out_ce(model: nn.Module, ids: Tensor, batch_size: int = 16) -> float:
     from mlpinterp.lm.recovery import downstream_comparison
 
     return float(downstream_comparison(model, {}, ids, batch_size=batch_size)["clean"]["ce"])
-
-
-class LmRunConflictError(ValueError):
-    """``out`` holds a checkpoint of another run (another configuration, corpus or tokenizer); ``fix`` says what to do."""
-
-    def __init__(self, out: Path, diff: dict[str, tuple]):
-        what = ", ".join(f"{k} saved {a!r}, requested {b!r}" for k, (a, b) in sorted(diff.items()))
-        self.diff = diff
-        self.fix = f"pass the saved settings to resume that run, or choose another --out (or delete {str(out)!r})"
-        super().__init__(f"{str(out)!r} holds a train-lm checkpoint of another run ({what})")
 
 
 def _model(cfg: LmTrainConfig, vocab_size: int, eos_id: int) -> nn.Module:
@@ -182,7 +173,7 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
     Raises ``TypeError`` for a ``cfg`` that is not an :class:`LmTrainConfig`, ``FileNotFoundError`` /
     ``ValueError`` for a missing or empty text directory, ``ValueError`` when the training documents give fewer
     chunks than ``batch_size`` or the held-out ones no chunk of ``n_positions`` tokens, for a corrupt checkpoint,
-    and :class:`LmRunConflictError` (a ``ValueError``) when ``out`` holds a run of other settings.
+    and :class:`mlpinterp.models.RunConflictError` (a ``ValueError``) when ``out`` holds a run of other settings.
     """
     check_instance(cfg, LmTrainConfig, "cfg")
     if threads is not None:
@@ -203,7 +194,9 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
         diff.update({k: (saved.get("corpus", {}).get(k), v) for k, v in corpus.items()
                      if k.endswith("digest") and saved.get("corpus", {}).get(k) != v})
         if diff:
-            raise LmRunConflictError(out, diff)
+            raise RunConflictError(out, "a train-lm checkpoint", diff,
+                                   fix="pass the saved settings to resume that run, or choose another --out (or "
+                                       f"delete {str(out)!r})")
         if saved.get("step") == cfg.steps and (out / "metrics.json").exists():
             return read_json(out / "metrics.json", what="metrics")
     out.mkdir(parents=True, exist_ok=True)

@@ -171,15 +171,17 @@ class RunConflictError(ValueError):
 
     Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}`` (``"dataset"`` included when the
     dataset differs); ``problem``: what conflicts; ``fix``: one line saying how to continue that run or start a new
-    one (the message is ``"problem; fix"``).
+    one (the message is ``"problem; fix"``). Every run directory of the project (classifier checkpoints,
+    ``reproduce polynomial``, ``train-lm``, ``reproduce transformer``) refuses another run's settings with it;
+    ``fix`` replaces the default line where the caller knows a better one.
     """
 
-    def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple]):
+    def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple], fix: str | None = None):
         self.out_dir, self.diff = Path(out_dir), dict(diff)
         what = ", ".join(f"{k} saved {a!r}, requested {b!r}" for k, (a, b) in sorted(self.diff.items()))
         saved = ", ".join(f"{k}={a!r}" for k, (a, _) in sorted(self.diff.items()))
-        self.fix = (f"to extend that run pass its settings ({saved}); to start a new run choose another output "
-                    f"directory or delete {str(self.out_dir)!r}")
+        self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
+                           f"output directory or delete {str(self.out_dir)!r}")
         self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
         super().__init__(f"{self.problem}; {self.fix}")
 
