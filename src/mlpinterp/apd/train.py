@@ -39,7 +39,6 @@ from mlpinterp.utils.checkpoint import load_training_state, on_device, save_trai
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor
 
-
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
 
 
