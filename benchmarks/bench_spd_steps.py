@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 nice python benchmarks/bench_spd_steps.py [--settings tms-5-2 resid-mlp-1] [--steps 20]
         [--presets paper quick] [--threads 1]
 
-For each setting and preset it prints SPD's ms/step and µs/sample, APD's at its own preset of the same toy (where
+For each setting and preset it prints SPD's ms/step and µs/sample (with the causal-importance MLPs through
+``torch.compile``, the presets' default, and in eager mode: their ratio, measured side by side), APD's at its own preset of the same toy (where
 APD has one), their ratio per step and per sample, and the extrapolation of SPD to the preset's full step count.
 The machine's load average is printed with every row (a shared CPU inflates every number).
 """
@@ -51,9 +52,12 @@ def measure(name: str, quick: bool, steps: int) -> dict:
     spec = setting_spec(name.removesuffix("-id"))
     full = spd_config(name, quick, 0)
     sample = lambda step: spec.sample(full.batch_size, step_generator(0, step))
-    sec = _time(lambda n: decompose(model, sample, spd_config(name, quick, 0, steps=n, log_every=10**9), quiet=True),
-                steps)
+    spd = {c: _time(lambda n, c=c: decompose(model, sample, spd_config(name, quick, 0, steps=n, log_every=10**9,
+                                                                       compile=c), quiet=True), steps)
+           for c in (False, True)}
+    sec = spd[True]
     row = {"setting": name, "batch_size": full.batch_size, "C": full.C, "spd_ms_per_step": 1e3 * sec,
+           "spd_eager_ms_per_step": 1e3 * spd[False], "compile_speedup": spd[False] / sec,
            "spd_us_per_sample": 1e6 * sec / full.batch_size, "preset_steps": full.steps,
            "spd_preset_minutes": sec * full.steps / 60}
     if name in APD_PRESETS:
@@ -85,6 +89,7 @@ def main() -> None:
                    f"{row['ratio_per_step']:.2f}x per step, {row['ratio_per_sample']:.2f}x per sample"
                    if "apd_ms_per_step" in row else " | APD: no preset")
             print(f"{name:13s} {preset:5s} SPD {row['spd_ms_per_step']:.1f} ms/step at batch {row['batch_size']} "
+                  f"(eager {row['spd_eager_ms_per_step']:.1f}: compile {row['compile_speedup']:.2f}x) "
                   f"(C = {row['C']}; {row['spd_preset_minutes']:.1f} min for {row['preset_steps']} steps){apd}; "
                   f"load {row['load_average']}", flush=True)
     print(json.dumps(rows))

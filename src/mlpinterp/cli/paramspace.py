@@ -37,15 +37,15 @@ FidelityOpt = Annotated[Fidelity, typer.Option(
 
 
 def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool, steps: int | None,
-        lr: float | None, threads: int, device: str, **extra) -> dict:
-    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides (and ``extra`` keyword arguments), expected
-    failures as ``Error:``/``Fix:``."""
+        lr: float | None, threads: int, device: str, config: dict | None = None, **extra) -> dict:
+    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides (``steps``, ``lr`` and the configuration
+    fields in ``config``) and ``extra`` keyword arguments, expected failures as ``Error:``/``Fix:``."""
     import torch
 
     from mlpinterp.cli.errors import expected_errors
 
     torch.set_num_threads(threads)
-    overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {})}
+    overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {}), **(config or {})}
     with expected_errors("use another --out for a different configuration, or --device cpu without CUDA"):
         return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device,
                          **extra)

@@ -129,9 +129,10 @@ class Decomposition(nn.Module):
             out[s.name] = a @ self.V(s).T
         return out
 
-    def causal_importance(self, acts: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
-        """``(g_lower, g_upper)``: ``{site: [..., C]}`` through sigma_H,lower (masks) and sigma_H,upper (minimality)."""
-        raw = {k: self.importance[_key(k)](h) for k, h in self.inner_acts(acts).items()}
+    def causal_importance(self, acts: Mapping[str, torch.Tensor], compile: bool = False) -> tuple[dict, dict]:
+        """``(g_lower, g_upper)``: ``{site: [..., C]}`` through sigma_H,lower (masks) and sigma_H,upper (minimality);
+        ``compile``: the importance MLPs through ``torch.compile`` (:class:`CausalImportance`)."""
+        raw = {k: self.importance[_key(k)](h, compile) for k, h in self.inner_acts(acts).items()}
         return ({k: leaky_hard_sigmoid(v) for k, v in raw.items()},
                 {k: upper_leaky_hard_sigmoid(v) for k, v in raw.items()})
 
