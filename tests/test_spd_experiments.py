@@ -33,7 +33,7 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     ps = m["paper_statistic"]
     assert ps["of_seeds"] == 2 and ps["mmcs"] == max(m["mmcs"]) and ps["n_features"] == 5
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
-    assert "0.993 ± 0.002" in md and "0.9982 ± 0.0006" in md  # the SPD paper's and our APD numbers beside ours
+    assert "0.993 ± 0.002" in md and "0.9983 ± 0.0004" in md  # the SPD paper's and our APD numbers beside ours
     assert "quick run: not a reproduction" in md and "(n = 2)" in md
     n_fig = md.count("![")
     assert n_fig == 6 and page.count('<img src="data:image/png;base64,') == n_fig
@@ -49,6 +49,38 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     if not torch.cuda.is_available():
         nocuda = CliRunner().invoke(app, _args(tmp_path / "gpu", "--device", "cuda"))
         assert nocuda.exit_code == 1 and "CUDA is not available" in nocuda.output, nocuda.output
+
+
+def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
+    """--apd-run puts APD's per-seed numbers beside ours, only on identical targets; other runs are refused."""
+    import shutil
+
+    spd_dir, apd_dir = tmp_path / "spd", tmp_path / "apd"
+    for s in (0, 1):
+        save_toy(tms52_target, spd_dir / f"seed{s}" / "target", {"loss": 0.0})
+        (apd_dir / f"seed{s}").mkdir(parents=True)
+        for f in ("target.safetensors", "target.json"):
+            shutil.copy(spd_dir / f"seed{s}" / f, apd_dir / f"seed{s}" / f)
+    per = [{"seed": 0, "mmcs": 0.998, "ml2r": 0.89, "max_cos": [0.998] * 5, "l2_ratio": [0.89] * 5},
+           {"seed": 1, "mmcs": 0.95, "ml2r": 0.5, "max_cos": [0.95] * 5, "l2_ratio": [0.5] * 5}]
+    metrics = {"setting": "tms-5-2", "fidelity": "ours", "quick": False, "config": {"steps": 20000}, "per_seed": per}
+    (apd_dir / "metrics.json").write_text(json.dumps(metrics))
+    res = CliRunner().invoke(app, _args(spd_dir, "--apd-run", str(apd_dir), "--no-compile"))
+    assert res.exit_code == 0, res.output
+    m = json.loads((spd_dir / "metrics.json").read_text())
+    assert m["apd"]["mmcs"] == [0.998, 0.95] and m["apd"]["failed_seeds"] == 1 and m["apd"]["seeds"] == [0, 1]
+    assert m["apd"]["paper_statistic"]["seed"] == 0 and m["config"]["compile"] is False
+    md = (spd_dir / "report.md").read_text()
+    assert "## SPD and APD on the same targets" in md and "| 1 of 2 |" in md and "| 0.9500 | 0.5000 |" in md
+    other = TMS(5, 2)  # another network at seed 1: the comparison would not be like for like
+    save_toy(other, apd_dir / "seed1" / "target", {"loss": 0.0})
+    bad = CliRunner().invoke(app, _args(spd_dir, "--apd-run", str(apd_dir), "--no-compile"))
+    assert bad.exit_code == 1 and "seed 1's target" in bad.output and "differs" in bad.output, bad.output
+    (apd_dir / "metrics.json").write_text(json.dumps({**metrics, "setting": "tms-40-10"}))
+    bad = CliRunner().invoke(app, _args(spd_dir, "--apd-run", str(apd_dir), "--no-compile"))
+    assert bad.exit_code == 1 and "expected 'tms-5-2'" in bad.output, bad.output
+    bad = CliRunner().invoke(app, _args(spd_dir, "--apd-run", str(tmp_path / "nowhere"), "--no-compile"))
+    assert bad.exit_code == 1 and "does not exist" in bad.output, bad.output
 
 
 def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):

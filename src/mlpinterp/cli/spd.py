@@ -1,12 +1,13 @@
 """CLI: ``mlpinterp reproduce spd`` (Stochastic Parameter Decomposition, Bushnaq, Braun, Sharkey 2025).
 
     mlpinterp reproduce spd --setting tms-5-2 --seeds 10 --out DIR [--quick/--no-quick] [--device cuda]
-        [--steps N] [--lr LR] [--threads T] [--compile/--no-compile] [--quiet]
+        [--steps N] [--lr LR] [--threads T] [--compile/--no-compile] [--apd-run DIR] [--quiet]
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 
 import typer
 
@@ -37,13 +38,16 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                                      help="torch.compile the causal-importance MLPs (the step's hot path: 1.85x per "
                                           "TMS 5-2 step, 3.2x per TMS 40-10 step on the CPU; needs a C++ compiler "
                                           "on the CPU). A run resumes only with the same choice."),
+        apd_run: Path | None = typer.Option(None, "--apd-run", help="--out directory of `reproduce apd` on the same "
+                                            "TMS setting: its per-seed MMCS / ML2R go beside ours in the report "
+                                            "(the targets are checked identical)."),
     ) -> None:
         """Train the target if needed, decompose it with SPD, write figures, metrics.json, report.md and
         report.html (the paper's numbers and our APD numbers beside ours)."""
         from mlpinterp.experiments.spd import reproduce
 
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
-                     config={"compile": compile})
+                     config={"compile": compile}, apd_run=apd_run)
         if "mmcs" in result:
             typer.echo(f"MMCS per seed: {', '.join(f'{v:.4f}' for v in result['mmcs'])}")
             typer.echo(f"ML2R per seed: {', '.join(f'{v:.4f}' for v in result['ml2r'])}")

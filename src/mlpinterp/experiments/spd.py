@@ -41,7 +41,7 @@ from mlpinterp.spd import (
 from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD
 from mlpinterp.toys import as_linears, step_generator, with_identity
-from mlpinterp.utils.io import atomic_write_json, save_tensors
+from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
 
@@ -55,7 +55,7 @@ PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
          "tms-40-10-id": {"mmcs": (1.000, 0.000), "ml2r": (1.031, 0.001)}}
 
 #: Our APD numbers on the same targets (docs/apd.md, measured on this project's CPU), and the APD paper's.
-APD_OURS = {"tms-5-2": "MMCS 0.9982 ± 0.0006, ML2R 0.8976 ± 0.0023 (n = 3, paper preset)",
+APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, paper preset; 0 of 10 failed)",
             "tms-40-10": "MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper preset; not reproduced)",
             "resid-mlp-1": "100 distinct responsible components of 130; scrubbed MSE 6.9e-4, anti-scrubbed 2.3e-3 "
                            "(n = 1, quick preset)",
@@ -197,11 +197,16 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
 
 # ---------------------------------------------------------------------------------------------- reproduce
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
-              overrides: dict | None = None, n_eval: int = 4000, device: str | None = None) -> dict:
+              overrides: dict | None = None, n_eval: int = 4000, device: str | None = None,
+              apd_run: str | Path | None = None) -> dict:
     """Train (or load) targets, decompose with SPD for ``seeds`` seeds, evaluate, write ``metrics.json``,
     ``report.md`` and ``report.html``. Re-running resumes unfinished decompositions from their checkpoints.
 
-    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides or an unavailable device.
+    ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
+    MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
+
+    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides, an unavailable device, or an
+    ``apd_run`` of another setting or with other targets.
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
@@ -209,10 +214,13 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
     out = Path(out)
     cfg0 = spd_config(setting, quick, 0, **(overrides or {}))
+    apd = read_apd_run(apd_run, setting) if apd_run is not None else None  # fail before hours of training
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
         toy, model, info = spd_target(setting, seed, sd / "target.safetensors", quick, quiet)
+        if apd is not None:
+            check_same_target(apd, out, seed)  # before this seed's decomposition, not after all of them
         model.requires_grad_(False)
         cfg = spd_config(setting, quick, seed, **(overrides or {}))
         spec = setting_spec(setting.removesuffix("-id"))
@@ -238,12 +246,94 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         result["ml2r"] = [m["ml2r"] for m in per_seed]
         result["failed_seeds"] = int(sum(v < FAILED_MMCS for v in result["mmcs"]))
         result["paper_statistic"] = paper_statistic(per_seed)
+        if apd is not None:
+            result["apd"] = compare_apd(apd, out, seeds)
     result["summary"] = {k: rep.summary([m[k] for m in per_seed]).to_dict()
                          for k in ("mmcs", "ml2r", "mmcs_alive", "ml2r_alive", "ci_masked_mse", "stochastic_masked_mse", "scrubbed_mse",
                                    "anti_scrubbed_mse", "seconds") if all(k in m for m in per_seed)}
     atomic_write_json(out / "metrics.json", result)
     rep.write_report(out, render_report(result), title=f"SPD reproduction: {setting}")
     return result
+
+
+def read_apd_run(apd_run: str | Path, setting: str) -> dict:
+    """The ``metrics.json`` of a ``reproduce apd`` run on ``setting`` (its "-id" variant: the same base setting).
+
+    Raises ``ValueError`` if ``setting`` is not TMS 5-2 or 40-10, the file is missing or invalid, or the run is of
+    another setting (any preset is accepted; the comparison records it).
+    """
+    base = setting.removesuffix("-id")
+    if not setting.startswith("tms") or setting != base:
+        raise ValueError(f"apd_run: APD comparisons are for tms-5-2 and tms-40-10 (the APD paper's settings), not "
+                         f"{setting!r}")
+    path = Path(apd_run) / "metrics.json"
+    if not path.is_file():
+        raise ValueError(f"apd_run: {str(path)!r} does not exist; pass the --out directory of a finished "
+                         f"`mlpinterp reproduce apd --setting {base}` run")
+    m = read_json(path, what="APD metrics")
+    if m.get("setting") != base or not isinstance(m.get("per_seed"), list):
+        raise ValueError(f"apd_run: {str(path)!r} is an APD run of setting {m.get('setting')!r}, expected {base!r}")
+    m["dir"] = str(Path(apd_run))
+    return m
+
+
+def check_same_target(apd: dict, out: Path, seed: int) -> None:
+    """``ValueError`` unless seed ``seed``'s target in the APD run (if it has that seed) equals ours, tensor by tensor
+    (another target recipe or ``--fidelity`` would make the comparison unlike for like)."""
+    theirs_path = Path(apd["dir"]) / f"seed{seed}" / "target.safetensors"
+    if not any(int(m["seed"]) == seed for m in apd["per_seed"]):
+        return
+    ours, _ = load_tensors(out / f"seed{seed}" / "target.safetensors")
+    theirs, _ = load_tensors(theirs_path)
+    if sorted(ours) != sorted(theirs) or any(not torch.equal(ours[k], theirs[k]) for k in ours):
+        raise ValueError(f"apd_run: seed {seed}'s target in {apd['dir']!r} differs from ours in {str(out)!r} (another "
+                         f"target recipe or --fidelity {apd.get('fidelity')!r}); compare runs on the same targets")
+
+
+def compare_apd(apd: dict, out: Path, seeds: int) -> dict:
+    """APD's per-seed MMCS / ML2R beside ours: only seeds whose target networks are identical in both runs.
+
+    Raises ``ValueError`` when a seed present in both runs has a different target (another target recipe or
+    another ``--fidelity``), which would make the comparison unlike for like.
+    """
+    by_seed = {int(m["seed"]): m for m in apd["per_seed"]}
+    common = [s for s in range(seeds) if s in by_seed]
+    for s in common:
+        check_same_target(apd, out, s)
+    per = [by_seed[s] for s in common]
+    return {"dir": apd["dir"], "fidelity": apd.get("fidelity"), "quick": apd.get("quick"), "seeds": common,
+            "mmcs": [float(m["mmcs"]) for m in per], "ml2r": [float(m["ml2r"]) for m in per],
+            "failed_seeds": int(sum(m["mmcs"] < FAILED_MMCS for m in per)),
+            "paper_statistic": paper_statistic(per) if per else None, "steps": apd.get("config", {}).get("steps")}
+
+
+def _apd_section(result: dict, setting: str) -> list[str]:
+    """Markdown: SPD and APD on the same targets, seed by seed, with both statistics."""
+    apd, per = result["apd"], {m["seed"]: m for m in result["per_seed"]}
+    seeds = apd["seeds"]
+    spd_mm, spd_l2 = [per[s]["mmcs"] for s in seeds], [per[s]["ml2r"] for s in seeds]
+    ps_s, ps_a = (paper_statistic([per[s] for s in seeds]) if seeds else None), apd["paper_statistic"]
+
+    def fails(v):
+        return f"{int(sum(x < FAILED_MMCS for x in v))} of {len(v)}"
+
+    def way(ps):
+        return "—" if ps is None else (f"{_pm(ps['mmcs'], ps['mmcs_std_over_features'])} / "
+                                       f"{_pm(ps['ml2r'], ps['ml2r_std_over_features'])} (seed {ps['seed']})")
+
+    rows = [["MMCS, mean ± std over seeds", rep.mean_std(spd_mm, ".4f"), rep.mean_std(apd["mmcs"], ".4f")],
+            ["ML2R, mean ± std over seeds", rep.mean_std(spd_l2, ".4f"), rep.mean_std(apd["ml2r"], ".4f")],
+            [f"failed seeds (MMCS < {FAILED_MMCS})", fails(spd_mm), fails(apd["mmcs"])],
+            ["the papers' statistic (best of the first 3 seeds, ± over features): MMCS / ML2R", way(ps_s), way(ps_a)],
+            ["the paper's own numbers: MMCS / ML2R", f"{_pm(*PAPER[setting]['mmcs'])} / {_pm(*PAPER[setting]['ml2r'])}",
+             APD_PAPER.get(setting, "—")]]
+    body = [[s, f"{per[s]['mmcs']:.4f}", f"{per[s]['ml2r']:.4f}", f"{a:.4f}", f"{b:.4f}"]
+            for s, a, b in zip(seeds, apd["mmcs"], apd["ml2r"], strict=True)]
+    return ["## SPD and APD on the same targets", "",
+            f"APD run: `{apd['dir']}` (fidelity {apd['fidelity']}, {'quick' if apd['quick'] else 'paper'} preset, "
+            f"{apd['steps']} steps); seeds compared: n = {len(seeds)} (targets checked identical, tensor by tensor).",
+            "", rep.md_table(["statistic", "SPD", "APD"], rows), "",
+            rep.md_table(["seed", "SPD MMCS", "SPD ML2R", "APD MMCS", "APD ML2R"], body), ""]
 
 
 def _pm(mean: float, std: float | None, fmt: str = ".3f") -> str:
@@ -288,6 +378,8 @@ def render_report(result: dict) -> str:
                  f"{m['stochastic_masked_mse']:.3g}", f"{m['seconds']:.0f}"] for m in per]
         expect = "W: m₂ = n_features alive subcomponents in linear1 and linear2" + (
             ", m₁ = d_hidden in identity" if setting.endswith("-id") else "")
+        if "apd" in result:
+            lines += _apd_section(result, setting)
         lines += ["## Per seed", "", rep.md_table(head, body), "", f"Expected (paper): {expect}.", "",
                   "MMCS / ML2R use every subcomponent (the papers' definition, used for the verdict and the failed-seed "
                   "count); the alive-only column leaves out subcomponents whose causal importance never exceeds 0.1 "
