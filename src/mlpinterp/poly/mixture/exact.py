@@ -32,7 +32,10 @@ def _torch_dtype(dtype):
         return torch.float64
     if dtype in ("float32", torch.float32, np.float32):
         return torch.float32
-    raise ValueError(f"dtype must be torch.float64 or torch.float32 (or 'float64'/'float32'), got {dtype!r}")
+    if dtype in ("bfloat16", torch.bfloat16):
+        return torch.bfloat16
+    raise ValueError(f"dtype must be torch.float64, torch.float32 or torch.bfloat16 (or 'float64'/'float32'/"
+                     f"'bfloat16'), got {dtype!r}")
 
 
 
@@ -182,8 +185,10 @@ def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dty
     ops = _OPERATORS.setdefault(mixture, {})
     key = (preconditioner, str(device), str(dtype))
     if key not in ops:
+        like = next((op for k, op in ops.items() if k[0] == preconditioner and k[1] == str(device)), None)
         structure = next((op.structure for op in ops.values() if op.structure == "nonsingular"), None)
-        ops[key] = _MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure)
+        ops[key] = _MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure,
+                                    like=like)
     return ops[key]
 
 
@@ -205,7 +210,10 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
     inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
-    n_apply = (op64.n_apply, inner.n_apply)
+    fallback = _operator(mixture, coords, preconditioner, dev, torch.float32) if dtype == torch.bfloat16 else None
+    ops = [op for op in (op64, inner, fallback) if op is not None]
+    ops = [op for i, op in enumerate(ops) if all(op is not q for q in ops[:i])]
+    n_apply = [op.n_apply for op in ops]
     as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
     comps = [as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components]
     t_rhs = time.perf_counter()
@@ -225,12 +233,14 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
             x0, start = as_t(t), "warm (plain start)"
     x, sinfo = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=maxiter,
-                    progress=progress, x0=x0, inner=inner)
+                    progress=progress, x0=x0, inner=inner, fallback=fallback)
     canonical = structure == "nonsingular" or start != "warm (plain start)"
     sinfo.update(method="pcg", preconditioner=preconditioner, init=start, device=str(dev),
                  dtype=str(dtype).replace("torch.", ""), operator_structure=structure,
                  null_directions_found=op64.null_directions, canonical=canonical,
-                 operator_applications=op64.n_apply - n_apply[0] + (inner.n_apply - n_apply[1] if inner is not op64 else 0),
+                 operator_applications=sum(op.n_apply - n for op, n in zip(ops, n_apply, strict=True)),
+                 operator_applications_by_dtype={str(op.dtype).replace("torch.", ""): op.n_apply - n
+                                                 for op, n in zip(ops, n_apply, strict=True)},
                  setup_time_s=t_rhs - t_start)
     if structure != "nonsingular":
         sinfo["extension_note"] = (
