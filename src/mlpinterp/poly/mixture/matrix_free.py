@@ -222,13 +222,17 @@ class _MixtureOperator:
                     continue
                 Y = (A2 @ Sg[k]).reshape(o, r, r)  # A S_k
                 g2.add_(torch.bmm(Sg[k].expand(o, r, r), Y), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
-            return g0, g1, g2
+            # rounding breaks the symmetry of S_k A S_k; keep CG on symmetric A (the polynomial's coefficients):
+            # on a non-symmetric A this operator (b' = b + 2 A m) is not self-adjoint
+            return g0, g1, 0.5 * (g2 + g2.transpose(1, 2))
         A2 = A.reshape(o * r, r)
         for k, pk in enumerate(self.pi):
             if pk == 0.0:
                 continue
             Y = (A2 @ S[k]).reshape(o, r, r)  # A S_k
             g2.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+        if self.dtype != torch.float64:  # see above: the operator is self-adjoint on symmetric A only
+            g2 = 0.5 * (g2 + g2.transpose(1, 2))
         return g0, g1, g2
 
     def precondition(self, g):
@@ -264,11 +268,12 @@ def _cast(theta, dtype):
 
 
 def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol, fvu_tol,
-               residual_tol, window, maxiter, reduction, bar, precondition=None):
+               residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None):
     """PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
     The CG vectors and recurrences stay in ``r0``'s dtype (float64); only the operator applications run in
-    ``op.dtype``. ``precondition``: default ``op.precondition``. ``rhs_norm [o]``: norms of the original
+    ``op.dtype``. ``precondition``: default ``op.precondition``. ``verify``: the float64 operator, which decides
+    whether a float32 direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (that output stops). ``rhs_norm [o]``: norms of the original
     right-hand side; ``explained0 [o]``: variance explained by the outer iterate, per output; ``gains``: the
     per-output energy decreases ``[o]`` of all earlier steps (appended to).
 
@@ -297,6 +302,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     alive = r0_norm > 0  # False once <p, M p> = 0 within rounding (a null direction): that output stops there
     stop, it = "maxiter", 0
     explained_k = explained0.clone()
+    mnorm = torch.zeros_like(rn)  # per output, the largest |M p| / |p| seen: a lower bound on ||M||
     best, best_it = np.inf, 0  # bfloat16: the sweep ends when the recurrence stagnates at the rounding level
     while it < maxiter:
         run = alive & ~frozen
@@ -315,8 +321,20 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
         else:
             Ap = tuple(torch.zeros_like(t).index_copy_(0, idx, a) for t, a in zip(p, Asub, strict=True))
         pAp = _dot(p, Ap)
-        scale = torch.sqrt(_dot(p, p) * _dot(Ap, Ap))
+        pp = _dot(p, p)
+        scale = torch.sqrt(pp * _dot(Ap, Ap))
+        mnorm = torch.maximum(mnorm, torch.where(pp > 0, scale / torch.where(pp > 0, pp, 1.0), 0.0))  # <= ||M||
         neg = run & (pAp < -tau * scale)
+        if bool(neg.any()) and not low and verify is not None and verify is not op:
+            # float32 near its attainable accuracy: M p is rounding noise; the float64 operator decides
+            jdx = torch.nonzero(neg).flatten()
+            psub = tuple(t.index_select(0, jdx) for t in p)
+            Ap64 = verify.apply(psub)
+            pAp64 = _dot(psub, Ap64)
+            # rounding of <p, M p> is ~ eps ||M|| |p|^2 (on a null direction |M p| itself is rounding)
+            bad = pAp64 < -100 * verify.rounding * mnorm.index_select(0, jdx) * _dot(psub, psub)
+            pAp = pAp.index_copy(0, jdx, torch.where(bad, pAp64, torch.zeros_like(pAp64)))  # not bad: rounding, null
+            neg = torch.zeros_like(neg).index_copy_(0, jdx, bad)
         if bool(neg.any()) and not low:
             j = int(torch.nonzero(neg)[0])
             raise IndefiniteOperatorError(
@@ -402,6 +420,11 @@ STAGNATION_STEPS = 10
 BF16_STALL = 0.5
 
 
+def _sym(theta):
+    """(c, b, A) with A replaced by its symmetric part (the operator is self-adjoint on symmetric A only)."""
+    return theta[0], theta[1], 0.5 * (theta[2] + theta[2].transpose(1, 2))
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -479,28 +502,30 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         d, stop, n, rh, eh, na = _inner_pcg(inner, res, rhs_norm, explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                                             maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
-                                            precondition=op64.precondition)
+                                            precondition=op64.precondition, verify=op64)
         it += n
         residuals += rh
         explained += eh
         n_active += na
+        if inner.dtype != torch.float64:  # rounding leaves an antisymmetric part in A, invisible to the polynomial
+            d = _sym(d)
         x_new = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
         prev = float(true_rel.max())
         exact_new = fallback is None
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
-            res_new = tuple(r_ - m_ for r_, m_ in zip(res, _apply64(fallback, d), strict=True))
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(res, _apply64(fallback, d), strict=True)))
             rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
             rel = float(rel_o.max())
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
             exact_new = rel <= 1e-3 * ref
         if exact_new:
-            res_new = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True))
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
             rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
             rel = float(rel_o.max())
         est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
         converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
         if converged and not exact_new:  # the decision is made on rhs - M x in float64 only
-            res_new = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True))
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
             exact_new = True
             rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
             rel = float(rel_o.max())
