@@ -327,14 +327,16 @@ def _digits_problem(shrinkage):
 
 @pytest.fixture(scope="module")
 def digits_lw():
+    from mlpinterp.poly.mixture.cached_dense import fit_mixture_quadratic_cached
+
     net, mix = _digits_problem("ledoit-wolf")
-    return net, mix, fit_mixture(net, mix, 2, method="dense")
+    return net, mix, fit_mixture_quadratic_cached(net, mix)  # closed-form Gram (Isserlis), Cholesky
 
 
 def test_bfloat16_refinement_reaches_the_dense_answer_on_digits(digits_lw):
     # Digits (d = 64), 10 Ledoit-Wolf classes (a non-singular operator), 10 outputs: bfloat16 GEMMs inside CG,
     # float32 residual updates and float64 confirmation outside. Oracle: the dense Cholesky solve of the
-    # moment-table Gram (moment_dense, independent of the operator's closed forms).
+    # explicit Gram of the quadratic features (cached_dense, independent of the operator's matrix-free form).
     net, mix, dense = digits_lw
     p = fit_mixture(net, mix, 2, method="cg", dtype="bfloat16", tol=1e-10, fvu_tol=0.0, maxiter=3000)
     si = p.solver_info
