@@ -499,10 +499,15 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         budget = maxiter - it
         if SWEEP_MAXITER.get(name) is not None:
             budget = min(budget, SWEEP_MAXITER[name])
-        d, stop, n, rh, eh, na = _inner_pcg(inner, res, rhs_norm, explained0, gains, frozen, frozen_err, tol=tol,
+        # bfloat16 sweeps keep their CG vectors in float32 (half the memory traffic; their accuracy is set by the
+        # 2^-8 GEMMs); float32 and float64 sweeps keep them in float64
+        low = inner.dtype == torch.bfloat16
+        d, stop, n, rh, eh, na = _inner_pcg(inner, _cast(res, inner.work_dtype) if low else res, rhs_norm,
+                                            explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                                             maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
-                                            precondition=op64.precondition, verify=op64)
+                                            precondition=inner.precondition if low else op64.precondition,
+                                            verify=op64)
         it += n
         residuals += rh
         explained += eh
