@@ -53,15 +53,26 @@ when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual
 and we estimate it over a window of steps (see ``_pcg``). If the true residual misses the target, CG restarts
 from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
 refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
-true residuals outside. A direction with
-``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError``; a direction with ``<p, M p> = 0`` (a null
-direction reached by rounding) stops that output, and the true residual decides.
+true residuals outside. In bfloat16 (``dtype=torch.bfloat16``) only the 2K GEMMs take bfloat16 inputs (float32
+accumulation, the product rounded to bfloat16: about 3e-3 relative error per application, 4-5x faster than
+float32 on a CPU with AVX512-BF16); the rest of the application and the sweep's CG vectors are float32. A
+bfloat16 sweep ends when its recurrence stagnates at that rounding level; the true residual is then updated with
+the float32 operator (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so
+float32 rounding never accumulates), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16
+sweep that reduces the true residual less than twofold (or raises it: its correction is discarded) switches the
+remaining sweeps to float32 (``solver_info["fallback"]``). bfloat16 is exact in this sense on a non-singular
+operator; on a singular one its rounding adds components along null directions that no residual sees, so the
+answer is optimal on the supports but not the documented solution off them (``canonical`` False). A direction
+with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
+float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
+instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
+true residual decides. Operator outputs and corrections in reduced precision are symmetrised: on a
+non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint.
 
 Cost at MNIST scale (r = 712, K = 10): one operator application is 2 K GEMMs of size r^3 per output, 96 % of
 the time (``benchmarks/profile_mixture_operator.py``). On the 784-256-10 ReLU MLP of
-``benchmarks/bench_mixture_solver.py`` (3 of its 10 outputs, load 12-13): 68 iterations, 47.6 s CPU in float32
-with float64 refinement (1.59x the float64 solver before issue 12), 22.7 s warm-started from the previous
-checkpoint (3.32x); see ``docs/polynomial.md``.
+``benchmarks/bench_mixture_solver.py`` (all 10 outputs, one thread, load 3.3-4.7): float64 65 iterations 223 s
+CPU, float32 75 iterations 138 s, bfloat16 101 iterations (95 of them bfloat16) 94 s; see ``docs/polynomial.md``.
 """
 
 from __future__ import annotations
