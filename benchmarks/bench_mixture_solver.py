@@ -5,14 +5,17 @@ MNIST mixture with empirical class covariances (``--d-hidden 512 --covariance le
 (d = 196, 196-256-10). The baseline is ``fit_mixture`` of ``--baseline-rev`` (default 82154cb, before issue 12),
 run in a subprocess from ``git archive`` of that revision with the same network, mixture and stopping rule
 (``fvu_tol`` 1e-6, ``tol`` 1e-10, float64, its pooled start). Today's solver runs in float64, float32 with float64
-refinement, and warm-started from the first network's solution on a second "checkpoint" (50 more Adam steps).
+refinement, bfloat16 GEMMs with float32/float64 refinement (``bf16``), and warm-started from the first network's
+solution on a second "checkpoint" (50 more Adam steps).
 
 Accuracy, for every solution: the true relative residual under the float64 operator of today's code (the same
-normal equations), and the excess FVU against the baseline's answer (Monte Carlo, 20,000 mixture samples).
-Timings: wall and CPU seconds with the load average (the CPU may be shared), and ratios against the baseline.
+normal equations), and the excess FVU against the baseline's answer and against today's float64 answer when that
+row ran (Monte Carlo, 20,000 mixture samples). Timings: wall and CPU seconds with the load average (the CPU may be
+shared), ratios against the baseline and against today's float32 solver; peak RSS of the process after each
+row (``ru_maxrss``, cumulative: list ``bf16`` first to see its own peak).
 
-Usage: python benchmarks/bench_mixture_solver.py [--case mnist] [--solvers baseline float64 float32 warm32]
-       [--baseline-cache DIR]
+Usage: python benchmarks/bench_mixture_solver.py [--case mnist] [--solvers bf16 float32 float64 warm32 warmbf16]
+       [--baseline-cache DIR] [--threads 2]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,7 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="mnist", choices=["mnist", "mnist14"])
     ap.add_argument("--solvers", nargs="+", default=["baseline", "float64", "float32", "warm32"],
-                    choices=["baseline", "float64", "float32", "warm64", "warm32"])
+                    choices=["baseline", "float64", "float32", "bf16", "warm64", "warm32", "warmbf16"])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of today's solvers (baseline: 1)")
     ap.add_argument("--d-hidden", type=int, default=256)
     ap.add_argument("--covariance", default="empirical", choices=["empirical", "ledoit-wolf"])
     ap.add_argument("--baseline-rev", default="82154cb")
@@ -87,14 +92,15 @@ def main() -> None:
     import numpy as np
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     from mlpinterp.poly.approximant import DensePolynomial
     from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u
     from mlpinterp.poly.mixture.exact import _operator, fit_mixture
     from mlpinterp.poly.mixture.matrix_free import _dot
     from mlpinterp.poly.ridge import fit_ridge
 
-    print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} class covariances, load average {os.getloadavg()}")
+    print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} class covariances, torch threads "
+          f"{args.threads}, load average {os.getloadavg()}")
     (net, net2), mix = _problem(args.case, args.d_hidden, args.covariance)
     if args.outputs < 10:
         from mlpinterp.networks import MLP
@@ -113,16 +119,20 @@ def main() -> None:
     X = mix.sample(20_000, np.random.default_rng(12345))
     rows, sols = {}, {}
 
-    def record(name, p, wall, cpu, network, its, extra=""):
+    def excess(p, ref, network):
         f = network(X)
+        return float(((p(X) - ref(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean())
+
+    def record(name, p, wall, cpu, network, its, extra=""):
         ref = sols.get(("baseline", id(network)))
-        exc = None if ref is None else float(((p(X) - ref(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean())
+        exc = None if ref is None else excess(p, ref, network)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rows[name] = {"wall_s": wall, "cpu_s": cpu, "iterations": its, "true_relative_residual": residual(p, network),
-                      "excess_fvu_vs_baseline": exc, "load": os.getloadavg()[0]}
+                      "excess_fvu_vs_baseline": exc, "load": os.getloadavg()[0], "peak_rss_mb": rss}
         sols[(name, id(network))] = p
         print(f"{name:10s} wall {wall:7.1f}s  CPU {cpu:7.1f}s  its {its:4d}  true residual "
-              f"{rows[name]['true_relative_residual']:.1e}  excess FVU vs baseline {exc}  load {os.getloadavg()[0]:.1f} {extra}",
-              flush=True)
+              f"{rows[name]['true_relative_residual']:.1e}  excess FVU vs baseline {exc}  load {os.getloadavg()[0]:.1f}  "
+              f"peak RSS {rss:.0f} MB {extra}", flush=True)
 
     tag = f"{args.case}-h{args.d_hidden}-{args.covariance}-o{net.d_out}"
     cache = Path(args.baseline_cache) / tag if args.baseline_cache else None
@@ -156,7 +166,7 @@ def main() -> None:
     for name in args.solvers:
         if name == "baseline":
             continue
-        dtype = torch.float32 if name.endswith("32") else torch.float64
+        dtype = {"32": torch.float32, "64": torch.float64, "16": torch.bfloat16}[name[-2:]]
         warm = name.startswith("warm")
         network = net2 if warm else net
         if warm and first is None:
@@ -167,9 +177,14 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         si = p.solver_info
         record(name, p, wall, cpu, network, si["iterations"],
-               f"(converged {si['converged']}, stopped by {si['stopped_by']}, sweeps {len(si['sweeps'])}, "
-               f"structure {si['operator_structure']}, init {si['init']})")
-        if name == "float64" or (name == "float32" and "float64" not in args.solvers):
+               f"(converged {si['converged']}, stopped by {si['stopped_by']}, sweeps "
+               f"{[(w['dtype'], w['iterations']) for w in si['sweeps']]}, applications "
+               f"{si['operator_applications_by_dtype']}, fallback {si['fallback']}, structure "
+               f"{si['operator_structure']}, init {si['init']})")
+        rows[name]["solver_info"] = {k: si[k] for k in ("sweeps", "fallback", "operator_applications_by_dtype",
+                                                         "setup_time_s", "converged", "stopped_by")}
+        if name == "float64" or (name == "float32" and "float64" not in args.solvers) or (
+                name == "bf16" and not {"float64", "float32"} & set(args.solvers)):
             first = p if first is None else first
     if "baseline" in rows:
         b = rows["baseline"]
@@ -178,6 +193,19 @@ def main() -> None:
             if name != "baseline":
                 print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall  {b['cpu_s'] / r['cpu_s']:5.2f}x CPU"
                       + ("  (warm: second checkpoint, started from the first's solution)" if name.startswith("warm") else ""))
+    if ("float64", id(net)) in sols:
+        print("\nexcess FVU against today's float64 answer (same network):")
+        for (name, nid), p in sols.items():
+            if nid == id(net) and name != "float64":
+                rows[name]["excess_fvu_vs_float64"] = e = excess(p, sols[("float64", id(net))], net)
+                print(f"  {name:10s} {e:.2e}")
+    if "float32" in rows:
+        b = rows["float32"]
+        print("\nratios against today's float32 solver (wall / CPU; > 1 = faster):")
+        for name in ("bf16", "warmbf16"):
+            if name in rows:
+                r = rows[name]
+                print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall  {b['cpu_s'] / r['cpu_s']:5.2f}x CPU")
     print(f"load average end {os.getloadavg()}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

@@ -309,3 +309,150 @@ def test_outputs_that_converge_are_frozen_and_each_meets_the_rule():
     excess = np.einsum("fo,fg,go->o", e, G, e)
     var = np.einsum("fo,fg,go->o", w_dense, G, w_dense) - (G[0] @ w_dense) ** 2  # Var_mix(p*) per output
     assert np.all(excess < 1e-5 * var), excess / var
+
+
+# ------------------------------------------------------------------ bfloat16 GEMMs, float32/float64 refinement
+def _digits_problem(shrinkage):
+    from mlpinterp.data import load_digits
+
+    data = load_digits()
+    X = np.asarray(data.X_train, dtype=np.float64)
+    mix = GaussianMixture.from_labels(X, data.y_train, shrinkage=shrinkage)
+    rng = np.random.default_rng(20)
+    d = X.shape[1]
+    net = MLP(rng.standard_normal((16, d)) / np.sqrt(d) * 3, rng.normal(0, 0.3, 16),
+              rng.standard_normal((10, 16)) / 4, rng.normal(0, 0.1, 10), "relu")
+    return net, mix
+
+
+@pytest.fixture(scope="module")
+def digits_lw():
+    from mlpinterp.poly.mixture.cached_dense import fit_mixture_quadratic_cached
+
+    net, mix = _digits_problem("ledoit-wolf")
+    return net, mix, fit_mixture_quadratic_cached(net, mix)  # closed-form Gram (Isserlis), Cholesky
+
+
+def test_bfloat16_refinement_reaches_the_dense_answer_on_digits(digits_lw):
+    # Digits (d = 64), 10 Ledoit-Wolf classes (a non-singular operator), 10 outputs: bfloat16 GEMMs inside CG,
+    # float32 residual updates and float64 confirmation outside. Oracle: the dense Cholesky solve of the
+    # explicit Gram of the quadratic features (cached_dense, independent of the operator's matrix-free form).
+    net, mix, dense = digits_lw
+    p = fit_mixture(net, mix, 2, method="cg", dtype="bfloat16", tol=1e-10, fvu_tol=0.0, maxiter=3000)
+    si = p.solver_info
+    assert si["dtype"] == "bfloat16" and si["converged"] and si["relative_residual"] <= 1e-10
+    assert si["operator_applications_by_dtype"]["bfloat16"] > 0 and si["sweeps"][0]["dtype"] == "bfloat16"
+    for k in range(3):
+        assert _rel(p.coefficients(k), dense.coefficients(k)) < 1e-6
+    X = mix.sample(5000, np.random.default_rng(2))
+    f = net(X)
+    assert ((p(X) - dense(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean() < 1e-10
+
+
+def test_bfloat16_default_rule_meets_the_float64_targets_on_digits(digits_lw):
+    # The rule used at MNIST scale (fvu_tol 1e-6, residual_tol 1e-4): the float64 residual of the answer, computed
+    # here independently, is <= 1e-4 and the excess FVU against the dense optimum is <= 1e-6.
+    net, mix, dense = digits_lw
+    p = fit_mixture(net, mix, 2, method="cg", dtype=torch.bfloat16, fvu_tol=1e-6)
+    si = p.solver_info
+    assert si["converged"] and si["relative_residual"] <= 1e-4
+    X = mix.sample(20000, np.random.default_rng(3))
+    f = net(X)
+    assert ((p(X) - dense(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean() < 1e-6
+    # the reported residual is rhs - M theta in float64 of the returned polynomial
+    coords = coordinates_of(mix)
+    op = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
+    from mlpinterp.poly.mixture.coordinates import quadratic_in_u
+    from mlpinterp.poly.ridge import fit_ridge
+
+    t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
+    rhs = op.apply(None, components=[t(quadratic_in_u(fit_ridge(net, c, 2), coords)) for c in mix.components])
+    res = [a - b for a, b in zip(rhs, op.apply(t(tensors_in_u(p, coords, 2))), strict=True)]
+    from mlpinterp.poly.mixture.matrix_free import _dot
+
+    rel = float((torch.sqrt(_dot(res, res)) / torch.sqrt(_dot(rhs, rhs))).max())
+    assert rel == pytest.approx(si["relative_residual"], rel=1e-3, abs=1e-12)
+
+
+@pytest.mark.parametrize("ranks,jitter", [([2, 3, 1], 0.0), ([0, 3, 1], 0.0), ([5, 5, 5], 0.05)])
+@pytest.mark.parametrize("init", ["pooled", "zero"])
+def test_bfloat16_on_singular_operators_is_optimal_and_says_it_is_not_canonical(ranks, jitter, init):
+    # Rank-deficient and point-mass components: the bfloat16 solve is the float64 solve's polynomial on the
+    # components' supports (the same mixture error); off them bfloat16 rounding adds null-space components (measured
+    # O(1) relative coefficient differences here), so solver_info says canonical False, and a float64 solve
+    # warm-started from it does too. Non-singular: the same coefficients.
+    rng = np.random.default_rng(21)
+    d = 5
+    mix = _mixture(d, ranks, rng, jitter=jitter)
+    net = _net(d, rng)
+    kw = dict(method="cg", tol=1e-9, fvu_tol=0.0, init=init, maxiter=3000)
+    p64 = fit_mixture(net, mix, 2, **{**kw, "tol": 1e-12})
+    p16 = fit_mixture(net, mix, 2, dtype="bfloat16", **kw)
+    si = p16.solver_info
+    assert si["converged"] and si["operator_structure"] == p64.solver_info["operator_structure"]
+    X = mix.sample(500, np.random.default_rng(1))
+    assert _rel(p16(X), p64(X)) < 1e-7
+    if si["operator_structure"] == "nonsingular":
+        assert si["canonical"]
+        for k in range(3):
+            assert _rel(p16.coefficients(k), p64.coefficients(k)) < 1e-6
+    else:
+        assert not si["canonical"] and "bfloat16 rounding" in si["extension_note"]
+        assert p64.solver_info["canonical"]
+        warm = fit_mixture(net, mix, 2, warm_start=p16, **kw)
+        assert warm.solver_info["init"] == "warm" and not warm.solver_info["canonical"]
+
+
+def test_auto_dtype_picks_bfloat16_only_where_it_is_fast_and_canonical(monkeypatch):
+    import mlpinterp.poly.mixture.exact as ex
+
+    rng = np.random.default_rng(25)
+    full = _mixture(4, [4, 4], rng, jitter=0.1)
+    singular = _mixture(4, [2, 1], rng)
+    net = _net(4, rng)
+    for fast, mix, want in [(True, full, "bfloat16"), (False, full, "float32"), (True, singular, "float32")]:
+        monkeypatch.setattr(ex, "cpu_has_fast_bfloat16", lambda fast=fast: fast)
+        p = fit_mixture(net, mix, 2, method="cg", dtype="auto", device="cpu")
+        assert p.solver_info["dtype"] == want and p.solver_info["dtype_requested"] == "auto"
+        assert p.solver_info["converged"]
+    assert isinstance(ex._FAST_BF16, dict)
+
+
+def test_bfloat16_falls_back_to_float32_when_its_sweeps_stall(monkeypatch):
+    # A one-step budget per bfloat16 sweep makes the sweeps stall: the solver must switch to float32 sweeps, say
+    # so, and still reach the float64 answer (never loop, never report a false convergence).
+    import mlpinterp.poly.mixture.matrix_free as mf
+
+    monkeypatch.setitem(mf.SWEEP_MAXITER, "bfloat16", 1)
+    rng = np.random.default_rng(22)
+    d = 6
+    mix = _mixture(d, [6, 4, 6], rng, jitter=0.05)
+    net = _net(d, rng, d_out=3)
+    p64 = fit_mixture(net, mix, 2, method="cg", tol=1e-12, fvu_tol=0.0)
+    p = fit_mixture(net, mix, 2, method="cg", dtype="bfloat16", tol=1e-10, fvu_tol=0.0, maxiter=2000)
+    si = p.solver_info
+    assert si["fallback"] is not None and si["fallback"]["to"] == "float32"
+    assert "bfloat16 sweep took the true relative residual" in si["fallback"]["reason"]
+    assert [w["dtype"] for w in si["sweeps"]][-1] == "float32" and si["sweeps"][0]["dtype"] == "bfloat16"
+    assert si["converged"] and si["relative_residual"] <= 1e-10
+    for k in range(3):
+        assert _rel(p.coefficients(k), p64.coefficients(k)) < 1e-7
+
+
+def test_bfloat16_unconverged_is_reported_with_the_float64_residual():
+    # Too few iterations: converged is False, with a RuntimeWarning, and the residual is the float64 one.
+    rng = np.random.default_rng(23)
+    mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
+    net = _net(6, rng, d_out=3)
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        p = fit_mixture(net, mix, 2, method="cg", dtype="bfloat16", tol=1e-12, fvu_tol=0.0, maxiter=5)
+    si = p.solver_info
+    assert not si["converged"] and si["relative_residual"] > 1e-12 and si["iterations"] <= 5
+
+
+@pytest.mark.parametrize("bad", ["float16", torch.float16, "bf16", 32, torch.int32])
+def test_bad_dtype_is_refused_by_name(bad):
+    rng = np.random.default_rng(24)
+    mix = _mixture(3, [3, 3], rng, jitter=0.1)
+    with pytest.raises(ValueError, match=r"dtype must be torch.float64, torch.float32 or torch.bfloat16 \(or 'float64'/'float32'/'bfloat16'/'auto'\), got"):
+        fit_mixture(_net(3, rng), mix, 2, method="cg", dtype=bad)

@@ -300,3 +300,14 @@ def test_mnist_14x14_warm_starts_the_mixture_quadratic_along_the_run(tmp_path):
              ["quadratic_mixture"]["solver_info"] for s in (16, 24)]
     assert [i["init"] for i in infos] == ["pooled", "warm"]
     assert all(i["converged"] and i["dtype"] == "float32" and i["relative_residual"] <= 1e-4 for i in infos)
+
+
+def test_mixture_cg_dtype_choices():
+    # default "auto" (bfloat16 on a fast-bfloat16 CPU with full-rank classes, else float32); a bad name is refused
+    from mlpinterp.experiments.polynomial_config import PolynomialReproConfig
+
+    assert PolynomialReproConfig().mixture_cg_dtype == "auto"
+    for ok in ("auto", "bfloat16", "float32", "float64"):
+        assert PolynomialReproConfig(mixture_cg_dtype=ok).resolved()["mixture_cg_dtype"] == ok
+    with pytest.raises(ValueError, match="mixture_cg_dtype must be 'auto', 'bfloat16', 'float32' or 'float64', got 'bf16'"):
+        PolynomialReproConfig(mixture_cg_dtype="bf16").resolved()

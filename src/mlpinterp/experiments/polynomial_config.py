@@ -45,9 +45,11 @@ class PolynomialReproConfig:
     quadratic_mixture_steps: str = "all"
     """Checkpoints that get the exact mixture quadratic: ``all`` (the paper's Figure 2; at MNIST scale each CG solve
     is warm-started from the previous checkpoint's) or ``final`` (``auto``, from earlier versions, means ``all``)."""
-    mixture_cg_dtype: str = "float32"
+    mixture_cg_dtype: str = "auto"
     """Precision of the CG operator for the mixture quadratic when the dense solve does not fit (MNIST):
-    ``float32`` (float64 residuals and refinement, the same stopping rule) or ``float64``."""
+    ``auto`` (bfloat16 GEMMs on a CPU with fast bfloat16 when the class covariances have full rank, e.g.
+    Ledoit-Wolf; float32 otherwise), ``bfloat16``, ``float32`` (float64 residuals and refinement, the same
+    stopping rule, decided in float64, for each) or ``float64``."""
     max_image_side: int | None = None
     """Average-pool the images to at most this many pixels per side before anything else (``None``: full size)."""
     attack_k: int = 10
@@ -78,8 +80,9 @@ class PolynomialReproConfig:
             raise ValueError(f"covariance must be 'ledoit-wolf' or 'empirical', got {self.covariance!r}")
         if self.quadratic_mixture_steps not in ("auto", "all", "final"):
             raise ValueError(f"quadratic_mixture_steps must be 'all' or 'final', got {self.quadratic_mixture_steps!r}")
-        if self.mixture_cg_dtype not in ("float32", "float64"):
-            raise ValueError(f"mixture_cg_dtype must be 'float32' or 'float64', got {self.mixture_cg_dtype!r}")
+        if self.mixture_cg_dtype not in ("auto", "bfloat16", "float32", "float64"):
+            raise ValueError(f"mixture_cg_dtype must be 'auto', 'bfloat16', 'float32' or 'float64', got "
+                             f"{self.mixture_cg_dtype!r}")
         if d["max_image_side"] is not None and (isinstance(d["max_image_side"], bool)
                                                 or not isinstance(d["max_image_side"], int) or d["max_image_side"] < 1):
             raise ValueError(f"max_image_side must be a positive int or None, got {d['max_image_side']!r}")

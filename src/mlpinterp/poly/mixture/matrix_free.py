@@ -53,15 +53,26 @@ when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual
 and we estimate it over a window of steps (see ``_pcg``). If the true residual misses the target, CG restarts
 from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
 refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
-true residuals outside. A direction with
-``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError``; a direction with ``<p, M p> = 0`` (a null
-direction reached by rounding) stops that output, and the true residual decides.
+true residuals outside. In bfloat16 (``dtype=torch.bfloat16``) only the 2K GEMMs take bfloat16 inputs (float32
+accumulation, the product rounded to bfloat16: about 3e-3 relative error per application, 4-5x faster than
+float32 on a CPU with AVX512-BF16); the rest of the application and the sweep's CG vectors are float32. A
+bfloat16 sweep ends when its recurrence stagnates at that rounding level; the true residual is then updated with
+the float32 operator (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so
+float32 rounding never accumulates), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16
+sweep that reduces the true residual less than twofold (or raises it: its correction is discarded) switches the
+remaining sweeps to float32 (``solver_info["fallback"]``). bfloat16 is exact in this sense on a non-singular
+operator; on a singular one its rounding adds components along null directions that no residual sees, so the
+answer is optimal on the supports but not the documented solution off them (``canonical`` False). A direction
+with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
+float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
+instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
+true residual decides. Operator outputs and corrections in reduced precision are symmetrised: on a
+non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint.
 
 Cost at MNIST scale (r = 712, K = 10): one operator application is 2 K GEMMs of size r^3 per output, 96 % of
 the time (``benchmarks/profile_mixture_operator.py``). On the 784-256-10 ReLU MLP of
-``benchmarks/bench_mixture_solver.py`` (3 of its 10 outputs, load 12-13): 68 iterations, 47.6 s CPU in float32
-with float64 refinement (1.59x the float64 solver before issue 12), 22.7 s warm-started from the previous
-checkpoint (3.32x); see ``docs/polynomial.md``.
+``benchmarks/bench_mixture_solver.py`` (all 10 outputs, one thread, load 3.3-4.7): float64 65 iterations 223 s
+CPU, float32 75 iterations 138 s, bfloat16 101 iterations (95 of them bfloat16) 94 s; see ``docs/polynomial.md``.
 """
 
 from __future__ import annotations
@@ -105,9 +116,13 @@ def _component_apply(c, b, A, m, S, trAS=None):
 
 def operator_structure(coords: SupportCoordinates, weights: np.ndarray) -> str:
     """``"nonsingular"`` if a component with positive weight has full rank on the support, else ``"possibly singular"``."""
+    import torch
+
     for w, S in zip(weights, coords.covs, strict=True):
         if w > 0:
-            ev = np.linalg.eigvalsh(S)
+            # torch's LAPACK follows torch.set_num_threads; numpy's OpenBLAS may spawn a thread per core and,
+            # on a loaded CPU, took 3.6 s instead of 0.04 s per 712 x 712 matrix (measured, issue 12)
+            ev = torch.linalg.eigvalsh(torch.as_tensor(S, dtype=torch.float64)).numpy()
             if ev[-1] > 0 and ev[0] > FULL_RANK_RTOL * ev[-1]:
                 return "nonsingular"
     return "possibly singular"
@@ -118,21 +133,36 @@ class _MixtureOperator:
 
     ``structure``: "nonsingular", "singular" (a null direction found in the preconditioner's blocks) or
     "possibly singular"; ``null_directions``: how many such directions were found (a lower bound).
+    ``like``: an operator of the same mixture and preconditioner whose structure and preconditioner setup
+    (two (r+1) x (r+1) eigen-decompositions) are reused.
     """
 
     def __init__(self, coords: SupportCoordinates, weights: np.ndarray, preconditioner: str, device, dtype,
-                 structure: str | None = None):
+                 structure: str | None = None, like: _MixtureOperator | None = None):
         import torch
 
         self.torch = torch
         self.dtype = dtype
+        # bfloat16: only the 2K GEMMs take bfloat16 inputs (float32 accumulation, output rounded to bfloat16);
+        # everything else (means, traces, accumulation of g2) runs in float32
+        self.work_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+        #: relative rounding of one operator application (unit roundoff of its GEMM inputs and outputs)
+        self.rounding = 2.0**-8 if dtype == torch.bfloat16 else torch.finfo(dtype).eps
+        wd = self.work_dtype
         self.pi = [float(w) for w in weights]
-        self.m = torch.as_tensor(coords.means, device=device, dtype=dtype)
-        self.S = torch.as_tensor(coords.covs, device=device, dtype=dtype)
-        self.pi_t = torch.tensor(np.array(weights), device=device, dtype=dtype)
+        self.m = torch.as_tensor(coords.means, device=device, dtype=wd)
+        self.S = torch.as_tensor(coords.covs, device=device, dtype=wd)
+        self.S_gemm = self.S.to(dtype) if dtype != wd else self.S
+        self.pi_t = torch.tensor(np.array(weights), device=device, dtype=wd)
         self.Q = self.S + self.m[:, :, None] * self.m[:, None, :]  # E_k[u u^T]  [K, r, r]
         self.r = coords.r
         self.kind = preconditioner
+        if like is not None:
+            self.structure, self.null_directions = like.structure, like.null_directions
+            if preconditioner == "diagonal":
+                self.Finv, self.Binv = like.Finv.to(wd), like.Binv.to(wd)
+            self.n_apply = 0
+            return
         self.structure = structure or operator_structure(coords, weights)
         self.null_directions = 0
         if preconditioner == "diagonal":
@@ -145,7 +175,7 @@ class _MixtureOperator:
             B = np.empty((r + 1, r + 1))
             B[0, 0], B[0, 1:], B[1:, 0], B[1:, 1:] = 1.0, 1.0, 1.0, F  # Gram of (1, u_1^2, ..., u_r^2)
             # pseudo-inverse: a null vector of this principal block of M is a null vector of M (M is PSD)
-            w, V = np.linalg.eigh(B)
+            w, V = (t.numpy() for t in torch.linalg.eigh(torch.as_tensor(B)))
             keep = w > NULL_RTOL * w[-1]
             Binv = (V[:, keep] / w[keep]) @ V[:, keep].T
             # Jacobi on A_ij; E[u_i^2 u_j^2] = 0 means u_i u_j = 0 a.s.: a null direction, mapped to 0
@@ -155,8 +185,8 @@ class _MixtureOperator:
             self.null_directions = int((~keep).sum()) + int(np.triu(zero, 1).sum())
             if self.null_directions and self.structure != "nonsingular":
                 self.structure = "singular"
-            self.Finv = torch.as_tensor(Finv, device=device, dtype=dtype)
-            self.Binv = torch.as_tensor(Binv, device=device, dtype=dtype)
+            self.Finv = torch.as_tensor(Finv, device=device, dtype=wd)
+            self.Binv = torch.as_tensor(Binv, device=device, dtype=wd)
         self.n_apply = 0
 
     def apply(self, theta, components=None):
@@ -195,12 +225,25 @@ class _MixtureOperator:
         W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
         g2 += W
         g2 += W.transpose(1, 2)
+        if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
+            Sg = self.S_gemm
+            A2 = A.reshape(o * r, r).to(self.dtype)
+            for k, pk in enumerate(self.pi):
+                if pk == 0.0:
+                    continue
+                Y = (A2 @ Sg[k]).reshape(o, r, r)  # A S_k
+                g2.add_(torch.bmm(Sg[k].expand(o, r, r), Y), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+            # rounding breaks the symmetry of S_k A S_k; keep CG on symmetric A (the polynomial's coefficients):
+            # on a non-symmetric A this operator (b' = b + 2 A m) is not self-adjoint
+            return g0, g1, 0.5 * (g2 + g2.transpose(1, 2))
         A2 = A.reshape(o * r, r)
         for k, pk in enumerate(self.pi):
             if pk == 0.0:
                 continue
             Y = (A2 @ S[k]).reshape(o, r, r)  # A S_k
             g2.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+        if self.dtype != torch.float64:  # see above: the operator is self-adjoint on symmetric A only
+            g2 = 0.5 * (g2 + g2.transpose(1, 2))
         return g0, g1, g2
 
     def precondition(self, g):
@@ -236,11 +279,12 @@ def _cast(theta, dtype):
 
 
 def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol, fvu_tol,
-               residual_tol, window, maxiter, reduction, bar, precondition=None):
+               residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None):
     """PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
     The CG vectors and recurrences stay in ``r0``'s dtype (float64); only the operator applications run in
-    ``op.dtype``. ``precondition``: default ``op.precondition``. ``rhs_norm [o]``: norms of the original
+    ``op.dtype``. ``precondition``: default ``op.precondition``. ``verify``: the float64 operator, which decides
+    whether a float32 direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (that output stops). ``rhs_norm [o]``: norms of the original
     right-hand side; ``explained0 [o]``: variance explained by the outer iterate, per output; ``gains``: the
     per-output energy decreases ``[o]`` of all earlier steps (appended to).
 
@@ -251,7 +295,11 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     explained_history, active_output_history)``.
     """
     torch = op.torch
-    eps = torch.finfo(op.dtype).eps
+    eps = op.rounding
+    # bfloat16: a direction that looks negative or null may be rounding (2^-8 per GEMM): that output's sweep
+    # stops there and the float64 true residual outside decides (falling back to float32 if the sweep stalled)
+    low = op.dtype == torch.bfloat16
+    tau = 100 * (torch.finfo(torch.float32).eps if low else eps)
     precondition = precondition or op.precondition
     res = r0
     rn = rhs_norm
@@ -265,6 +313,8 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     alive = r0_norm > 0  # False once <p, M p> = 0 within rounding (a null direction): that output stops there
     stop, it = "maxiter", 0
     explained_k = explained0.clone()
+    mnorm = torch.zeros_like(rn)  # per output, the largest |M p| / |p| seen: a lower bound on ||M||
+    best, best_it = np.inf, 0  # bfloat16: the sweep ends when the recurrence stagnates at the rounding level
     while it < maxiter:
         run = alive & ~frozen
         idx = torch.nonzero(run).flatten()
@@ -276,22 +326,34 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             sub = p
         else:
             sub = tuple(t.index_select(0, idx) for t in p)
-        Asub = op.apply(sub) if op.dtype == p[0].dtype else _cast(op.apply(_cast(sub, op.dtype)), p[0].dtype)
+        Asub = op.apply(sub) if op.work_dtype == p[0].dtype else _cast(op.apply(_cast(sub, op.work_dtype)), p[0].dtype)
         if idx.numel() == o:
             Ap = Asub
         else:
             Ap = tuple(torch.zeros_like(t).index_copy_(0, idx, a) for t, a in zip(p, Asub, strict=True))
         pAp = _dot(p, Ap)
-        scale = torch.sqrt(_dot(p, p) * _dot(Ap, Ap))
-        neg = run & (pAp < -100 * eps * scale)
-        if bool(neg.any()):
+        pp = _dot(p, p)
+        scale = torch.sqrt(pp * _dot(Ap, Ap))
+        mnorm = torch.maximum(mnorm, torch.where(pp > 0, scale / torch.where(pp > 0, pp, 1.0), 0.0))  # <= ||M||
+        neg = run & (pAp < -tau * scale)
+        if bool(neg.any()) and not low and verify is not None and verify is not op:
+            # float32 near its attainable accuracy: M p is rounding noise; the float64 operator decides
+            jdx = torch.nonzero(neg).flatten()
+            psub = tuple(t.index_select(0, jdx) for t in p)
+            Ap64 = verify.apply(psub)
+            pAp64 = _dot(psub, Ap64)
+            # rounding of <p, M p> is ~ eps ||M|| |p|^2 (on a null direction |M p| itself is rounding)
+            bad = pAp64 < -100 * verify.rounding * mnorm.index_select(0, jdx) * _dot(psub, psub)
+            pAp = pAp.index_copy(0, jdx, torch.where(bad, pAp64, torch.zeros_like(pAp64)))  # not bad: rounding, null
+            neg = torch.zeros_like(neg).index_copy_(0, jdx, bad)
+        if bool(neg.any()) and not low:
             j = int(torch.nonzero(neg)[0])
             raise IndefiniteOperatorError(
                 f"the mixture operator is not positive semi-definite: a CG direction of output {j} has "
                 f"<p, M p> = {float(pAp[j]):.3g} < 0 (|p| |M p| = {float(scale[j]):.3g}); the component covariances "
                 f"must be PSD, and in float32 rounding can cause this: retry with dtype=torch.float64"
             )
-        alive = alive & (~run | (pAp > 100 * eps * scale))
+        alive = alive & (~run | (pAp > tau * scale))
         run = alive & ~frozen
         alpha = torch.where(run, rz / torch.where(run, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
         d = _axpy(alpha, p, d)
@@ -314,6 +376,11 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
         bar.postfix(rel_residual=rel, outputs=int(run.sum()))
         if rel <= tol:
             stop = "residual"
+            break
+        if rel < 0.9 * best:
+            best, best_it = rel, it
+        elif op.dtype != torch.float64 and it - best_it >= STAGNATION_STEPS:
+            stop = "stagnated"
             break
         if len(gains) >= window:
             recent = torch.stack(gains[-window:]).sum(0)  # [o]; 0 for outputs frozen in the whole window
@@ -350,8 +417,34 @@ def _pooled_estimate(gains: list, frozen, frozen_err, explained, window: int) ->
     return _fvu_estimate(torch.where(frozen, frozen_err, recent).sum(), explained)
 
 
+#: Residual reduction at which an inner PCG sweep stops and the outer loop recomputes the true residual, per
+#: dtype of the inner operator (float64: no inner sweeps; see ``_pcg``).
+SWEEP_REDUCTION = {"float32": 1e-6, "bfloat16": 1e-2}
+#: Iteration budget of one inner sweep per dtype (None: no limit beyond ``maxiter``; tests shrink it to force
+#: the bfloat16 -> float32 fallback).
+SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
+#: A bfloat16 or float32 sweep ends (``"stagnated"``) when its recurrence residual has not fallen by 10 % in this
+#: many steps (rounding, not the Krylov space, limits it; the next sweep restarts from the true residual). CG's
+#: residual norm also plateaus on its own: 10 steps cut MNIST's first bfloat16 sweep at 32 iterations and 1.5e-3
+#: where it goes on to 5e-4 (measured), so the window is long.
+STAGNATION_STEPS = 30
+#: A bfloat16 sweep that leaves the true residual above this fraction of the previous one has stalled: the
+#: solver falls back to float32 sweeps (``solver_info["fallback"]``).
+BF16_STALL = 0.5
+
+
+def _sym(theta):
+    """(c, b, A) with A replaced by its symmetric part (the operator is self-adjoint on symmetric A only)."""
+    return theta[0], theta[1], 0.5 * (theta[2] + theta[2].transpose(1, 2))
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_tol: float, window: int, maxiter: int,
-         progress: bool, x0=None, inner: _MixtureOperator | None = None, max_sweeps: int = 20):
+         progress: bool, x0=None, inner: _MixtureOperator | None = None, max_sweeps: int = 20,
+         fallback: _MixtureOperator | None = None):
     """Batched PCG with true-residual checks and iterative refinement, one system per output; ``(theta, info)``.
 
     CG minimises the energy-norm error, i.e. the excess mean squared error ``E_mix[(p_k - p*)^2]`` of the
@@ -361,28 +454,38 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     outputs; it increases monotonically to Var(p*)), a proxy for Var(f). Outputs that meet the rules on their
     own are frozen (see ``_inner_pcg``) and unfrozen if the true residual disagrees.
 
-    Each sweep runs PCG with ``inner``'s operator (default: ``op64``; float32 for mixed precision) on the true
-    residual of the float64 iterate and adds its correction; a sweep ends on the rules of the module docstring, on a float32 residual reduction of
-    1e-6 (``"refine"``) or when every output's direction is null (``"stalled"``); then the true residual is
-    recomputed with ``op64``. ``x0``: starting point (default 0).
+    Each sweep runs PCG with ``inner``'s operator (default: ``op64``; float32 or bfloat16 for mixed precision)
+    on the true residual of the float64 iterate and adds its correction; a sweep ends on the rules of the module
+    docstring, on a residual reduction of ``SWEEP_REDUCTION[dtype]`` (``"refine"``) or when every output's
+    direction is null (``"stalled"``); then the true residual is recomputed. ``fallback`` (a float32 operator,
+    with a bfloat16 ``inner``): the residuals between sweeps are updated with it (``res - M d``), the convergence
+    decision is always confirmed by ``rhs - M x`` in float64, and when a bfloat16 sweep reduces the true residual
+    by less than ``BF16_STALL`` (or increases it: that correction is discarded) the remaining sweeps run in
+    float32 (``info["fallback"]`` says when and why). ``x0``: starting point (default 0).
     """
     torch = op64.torch
     inner = inner or op64
     rhs_norm = torch.sqrt(_dot(rhs, rhs))
     rhs_norm = torch.where(rhs_norm > 0, rhs_norm, torch.ones_like(rhs_norm))
-    reduction = 1e-6 if inner.dtype != torch.float64 else 0.0
     if x0 is None:
         x = tuple(torch.zeros_like(t) for t in rhs)
         res = rhs
     else:
         x = x0
-        res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x0), strict=True))
+        res = tuple(r_ - m_ for r_, m_ in zip(rhs, _apply64(fallback or op64, x0), strict=True))
     with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
-        return _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol,
-                       window=window, maxiter=maxiter, reduction=reduction, max_sweeps=max_sweeps)
+        return _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol,
+                       residual_tol=residual_tol, window=window, maxiter=maxiter, max_sweeps=max_sweeps)
 
 
-def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_tol, window, maxiter, reduction,
+def _apply64(op: _MixtureOperator, theta):
+    """``op.apply`` on a float64 theta, in ``op``'s working dtype, returned in float64."""
+    if op.work_dtype == theta[0].dtype:
+        return op.apply(theta)
+    return _cast(op.apply(_cast(theta, op.work_dtype)), theta[0].dtype)
+
+
+def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_tol, window, maxiter,
             max_sweeps):
     """The refinement sweeps of ``_pcg`` (see there)."""
     torch = op64.torch
@@ -394,6 +497,9 @@ def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_t
     it, stop, converged = 0, "maxiter", False
     true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
     est = None
+    fell_back = None
+    exact = fallback is None  # res is rhs - M x in float64 (else updated with the float32 operator)
+    ref = float(true_rel.max())  # the true relative residual at the last float64 recomputation
     for _ in range(max_sweeps):
         # E[f^2] - E[(f - p)^2] - E[f]^2 per output (the constant feature has E[1 * f] = E[f])
         explained0 = _dot(x, rhs) + _dot(x, res) - rhs[0] ** 2
@@ -402,24 +508,76 @@ def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_t
             unfreeze = frozen & (true_rel > tol)
         frozen &= ~unfreeze
         frozen_err.masked_fill_(unfreeze, 0.0)
-        d, stop, n, rh, eh, na = _inner_pcg(inner, res, rhs_norm, explained0, gains, frozen, frozen_err, tol=tol,
+        name = _dtype_name(inner.dtype)
+        budget = maxiter - it
+        if SWEEP_MAXITER.get(name) is not None:
+            budget = min(budget, SWEEP_MAXITER[name])
+        # bfloat16 sweeps keep their CG vectors in float32 (half the memory traffic; their accuracy is set by the
+        # 2^-8 GEMMs); float32 and float64 sweeps keep them in float64
+        low = inner.dtype == torch.bfloat16
+        d, stop, n, rh, eh, na = _inner_pcg(inner, _cast(res, inner.work_dtype) if low else res, rhs_norm,
+                                            explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
-                                            maxiter=maxiter - it, reduction=reduction, bar=bar,
-                                            precondition=op64.precondition)
+                                            maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
+                                            precondition=inner.precondition if low else op64.precondition,
+                                            verify=op64)
         it += n
         residuals += rh
         explained += eh
         n_active += na
-        x = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
-        res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x), strict=True))  # true residual, float64
+        if inner.dtype != torch.float64:  # rounding leaves an antisymmetric part in A, invisible to the polynomial
+            d = _sym(d)
+        x_new = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
         prev = float(true_rel.max())
-        true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
-        rel = float(true_rel.max())
+        exact_new = fallback is None
+        if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(res, _apply64(fallback, d), strict=True)))
+            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
+            rel = float(rel_o.max())
+            # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
+            exact_new = rel <= 1e-3 * ref
+        if exact_new:
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
+            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
+            rel = float(rel_o.max())
         est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
-        sweeps.append({"iterations": n, "stopped_by": stop, "true_relative_residual": rel})
         converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+        if converged and not exact_new:  # the decision is made on rhs - M x in float64 only
+            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
+            exact_new = True
+            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
+            rel = float(rel_o.max())
+            converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+        entry = {"iterations": n, "stopped_by": stop, "true_relative_residual": rel, "dtype": name}
+        if inner.dtype == torch.bfloat16 and not converged and rel > BF16_STALL * prev:
+            entry["discarded"] = rel >= prev
+            sweeps.append(entry)
+            if not entry["discarded"]:
+                x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
+                ref = rel if exact else ref
+            if fallback is None:
+                break
+            fell_back = {"to": "float32", "after_sweep": len(sweeps),
+                         "reason": f"a bfloat16 sweep took the true relative residual from {prev:.3g} to {rel:.3g}"
+                                   + (" (correction discarded)" if entry["discarded"] else "")}
+            inner = fallback
+            if it >= maxiter:
+                break
+            continue
+        if not converged and rel >= prev:  # a sweep that made the true residual worse: its correction is discarded
+            entry["discarded"] = True
+            sweeps.append(entry)
+            break
+        sweeps.append(entry)
+        x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
+        ref = rel if exact else ref
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
             break
+    if not exact:  # the reported residual is always rhs - M x in float64
+        res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x), strict=True))
+        true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
+        rel = float(true_rel.max())
+        converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
     info = {
         "iterations": it,
         "relative_residual": float(true_rel.max()),
@@ -428,6 +586,7 @@ def _sweeps(op64, inner, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_t
         "converged": bool(converged),
         "excess_fvu_estimate": est,
         "sweeps": sweeps,
+        "fallback": fell_back,
         "active_outputs_history": n_active,
         "residual_history": residuals,
         "explained_variance_history": explained,
