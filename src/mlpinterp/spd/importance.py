@@ -12,8 +12,9 @@ the reference implementation: ``w1 ~ N(0, 2)`` (Kaiming, fan-in 1, ReLU gain), `
 These MLPs are SPD's hot path on the CPU (``batch x C x d_gate`` GELU units per site, forward and backward: about
 two thirds of a TMS 5-2 step in eager mode, each pass over a tensor too large for the core's cache). With
 ``compile=True`` the formula runs through ``torch.compile`` (inductor fuses the broadcast, the GELU and the
-reduction and their backward into loops that stay in cache): measured 1.65x per TMS 5-2 paper-preset step
-(28 -> 17 ms, 1 thread; ``benchmarks/bench_spd_steps.py``) for a few seconds of compilation per input shape.
+reduction and their backward into loops that stay in cache): measured 1.85x per TMS 5-2 paper-preset step
+(27 -> 14.7 ms) and 3.2x per TMS 40-10 step (673 -> 208 ms), 1 thread (``benchmarks/bench_spd_steps.py``), for
+a few seconds of compilation per input shape.
 Tested to match the eager formula (values and gradients).
 """
 
@@ -47,7 +48,8 @@ class CausalImportance(nn.Module):
     """``C`` independent scalar MLPs ``gamma_c`` with ``d_gate`` GELU hidden units each.
 
     Parameters: ``w1``, ``b1``, ``w2``: ``[C, d_gate]``; ``b2``: ``[C]``. ``forward``: ``[..., C] -> [..., C]`` (raw
-    outputs, before the hard sigmoid; ``compile=True``: through ``torch.compile``). Raises ``TypeError``/``ValueError`` unless ``C`` and ``d_gate`` are ints >= 1.
+    outputs, before the hard sigmoid; ``compile=True``: through ``torch.compile``). Raises ``TypeError`` or
+    ``ValueError`` unless ``C`` and ``d_gate`` are ints >= 1.
     """
 
     def __init__(self, C: int, d_gate: int, generator: torch.Generator | None = None):
