@@ -20,6 +20,7 @@ Tested to match the eager formula (values and gradients).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,14 +35,10 @@ def _scalar_mlps(h, w1, b1, w2, b2):
     return torch.linalg.vecdot(F.gelu(h[..., None] * w1 + b1), w2) + b2
 
 
-_COMPILED = {}
-
-
+@functools.cache
 def _compiled_scalar_mlps():
     # one compiled function per process (static shapes: one graph per batch size, recompiled on a new one)
-    if "f" not in _COMPILED:
-        _COMPILED["f"] = torch.compile(_scalar_mlps, dynamic=False)
-    return _COMPILED["f"]
+    return torch.compile(_scalar_mlps, dynamic=False)
 
 
 class CausalImportance(nn.Module):

@@ -253,8 +253,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
         dtype = torch.bfloat16 if fast and op64.structure == "nonsingular" else torch.float32
     inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
     fallback = _operator(mixture, coords, preconditioner, dev, torch.float32) if dtype == torch.bfloat16 else None
-    ops = [op for op in (op64, inner, fallback) if op is not None]
-    ops = [op for i, op in enumerate(ops) if all(op is not q for q in ops[:i])]
+    ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
     n_apply = [op.n_apply for op in ops]
     as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
     comps = [as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components]

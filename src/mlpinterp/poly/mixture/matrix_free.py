@@ -274,6 +274,17 @@ def _axpy(a, x, y):
     return (y[0] + a * x[0], y[1] + a[:, None] * x[1], y[2] + a[:, None, None] * x[2])
 
 
+def _sub(x, y):
+    """x - y, per output."""
+    return tuple(a - b for a, b in zip(x, y, strict=True))
+
+
+def _rel(res, rhs_norm):
+    """``(per-output relative residual [o], its max as a float)``."""
+    rel_o = _dot(res, res).sqrt() / rhs_norm
+    return rel_o, float(rel_o.max())
+
+
 def _cast(theta, dtype):
     return tuple(t.to(dtype) for t in theta)
 
@@ -326,7 +337,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             sub = p
         else:
             sub = tuple(t.index_select(0, idx) for t in p)
-        Asub = op.apply(sub) if op.work_dtype == p[0].dtype else _cast(op.apply(_cast(sub, op.work_dtype)), p[0].dtype)
+        Asub = _apply_cast(op, sub)
         if idx.numel() == o:
             Ap = Asub
         else:
@@ -472,14 +483,14 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
         res = rhs
     else:
         x = x0
-        res = tuple(r_ - m_ for r_, m_ in zip(rhs, _apply64(fallback or op64, x0), strict=True))
+        res = _sub(rhs, _apply_cast(fallback or op64, x0))
     with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
         return _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol,
                        residual_tol=residual_tol, window=window, maxiter=maxiter, max_sweeps=max_sweeps)
 
 
-def _apply64(op: _MixtureOperator, theta):
-    """``op.apply`` on a float64 theta, in ``op``'s working dtype, returned in float64."""
+def _apply_cast(op: _MixtureOperator, theta):
+    """``op.apply`` in ``op``'s working dtype, returned in ``theta``'s dtype."""
     if op.work_dtype == theta[0].dtype:
         return op.apply(theta)
     return _cast(op.apply(_cast(theta, op.work_dtype)), theta[0].dtype)
@@ -495,11 +506,16 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
     frozen_err = torch.zeros_like(rhs_norm)
     residuals, explained, sweeps, n_active = [], [], [], []
     it, stop, converged = 0, "maxiter", False
-    true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
+    # ref: the true relative residual at the last float64 recomputation
+    true_rel, ref = _rel(res, rhs_norm)
     est = None
     fell_back = None
     exact = fallback is None  # res is rhs - M x in float64 (else updated with the float32 operator)
-    ref = float(true_rel.max())  # the true relative residual at the last float64 recomputation
+
+    def meets(rel: float, est: float | None) -> bool:
+        """The stopping rule of the module docstring, on a true relative residual."""
+        return rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+
     for _ in range(max_sweeps):
         # E[f^2] - E[(f - p)^2] - E[f]^2 per output (the constant feature has E[1 * f] = E[f])
         explained0 = _dot(x, rhs) + _dot(x, res) - rhs[0] ** 2
@@ -531,23 +547,20 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         prev = float(true_rel.max())
         exact_new = fallback is None
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
-            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(res, _apply64(fallback, d), strict=True)))
-            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
-            rel = float(rel_o.max())
+            res_new = _sym(_sub(res, _apply_cast(fallback, d)))
+            rel_o, rel = _rel(res_new, rhs_norm)
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
             exact_new = rel <= 1e-3 * ref
         if exact_new:
-            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
-            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
-            rel = float(rel_o.max())
+            res_new = _sym(_sub(rhs, op64.apply(x_new)))
+            rel_o, rel = _rel(res_new, rhs_norm)
         est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
-        converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+        converged = meets(rel, est)
         if converged and not exact_new:  # the decision is made on rhs - M x in float64 only
-            res_new = _sym(tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x_new), strict=True)))
+            res_new = _sym(_sub(rhs, op64.apply(x_new)))
             exact_new = True
-            rel_o = torch.sqrt(_dot(res_new, res_new)) / rhs_norm
-            rel = float(rel_o.max())
-            converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+            rel_o, rel = _rel(res_new, rhs_norm)
+            converged = meets(rel, est)
         entry = {"iterations": n, "stopped_by": stop, "true_relative_residual": rel, "dtype": name}
         if inner.dtype == torch.bfloat16 and not converged and rel > BF16_STALL * prev:
             entry["discarded"] = rel >= prev
@@ -574,10 +587,9 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
             break
     if not exact:  # the reported residual is always rhs - M x in float64
-        res = tuple(r_ - m_ for r_, m_ in zip(rhs, op64.apply(x), strict=True))
-        true_rel = torch.sqrt(_dot(res, res)) / rhs_norm
-        rel = float(true_rel.max())
-        converged = rel <= tol or (est is not None and est <= fvu_tol and rel <= residual_tol)
+        res = _sub(rhs, op64.apply(x))
+        true_rel, rel = _rel(res, rhs_norm)
+        converged = meets(rel, est)
     info = {
         "iterations": it,
         "relative_residual": float(true_rel.max()),
