@@ -107,6 +107,47 @@ def test_svd_attack_beats_random_and_pca_ablation_on_digits(tmp_path):
         svd_attack(net, {"linear_mixture": lin}, d.X_train, X_test, d.y_test, input_cov=mix.cov, k_max=11)
 
 
+@pytest.mark.parametrize("degree", [1, 2])
+def test_ablated_outputs_equal_direct_evaluation(degree):
+    """``spectral.ablated_outputs`` (one evaluation plus the exact low-rank update, used by ``svd_attack``) against
+    the oracle: evaluating the polynomial on each ablated input, for a non-symmetric T2 too; other models
+    (a RidgePolynomial here) are evaluated directly."""
+    from mlpinterp.gaussian.distributions import Gaussian
+    from mlpinterp.networks import MLP
+    from mlpinterp.poly.approximant import DensePolynomial
+    from mlpinterp.poly.fit import fit_polynomial
+    from mlpinterp.poly.spectral import ablate, ablated_outputs, random_directions
+
+    rng = np.random.default_rng(3)
+    d, o, n, K = 12, 4, 50, 5
+    tensors = [rng.normal(size=o), rng.normal(size=(o, d)), rng.normal(size=(o, d, d))][: degree + 1]
+    V = random_directions(d, K, seed=1)
+    X = rng.normal(size=(n, d)) * 3 + 1
+    ridge = fit_polynomial(MLP(rng.normal(size=(8, d)), rng.normal(size=8), rng.normal(size=(o, 8)),
+                               rng.normal(size=o), "relu"), Gaussian.standard(d), 2)
+    for p in (DensePolynomial(tuple(tensors)), ridge):
+        got = ablated_outputs(p, X, V)
+        assert len(got) == K + 1
+        for k, q in enumerate(got):
+            want = p(ablate(X, V[:, :k]))
+            np.testing.assert_allclose(q, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+        np.testing.assert_array_equal(ablated_outputs(p, X, V, base=got[0])[K], got[K])  # base: p(X) given
+    with pytest.raises(ValueError, match="orthonormal"):
+        ablated_outputs(DensePolynomial(tuple(tensors)), X, 2 * V)
+
+
+def test_pca_directions_of_tall_data_span_the_svd_subspace():
+    """The scatter-matrix eigenvectors used for tall data span the top-k right singular subspace (the oracle)."""
+    from mlpinterp.poly.spectral import pca_directions
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 20)) * np.linspace(5, 0.1, 20) @ np.linalg.qr(rng.normal(size=(20, 20)))[0] + 7
+    V = pca_directions(X, 6)
+    _, _, Vt = np.linalg.svd(X - X.mean(0), full_matrices=False)
+    np.testing.assert_allclose(V @ V.T, Vt[:6].T @ Vt[:6], atol=1e-10)
+    np.testing.assert_allclose(V.T @ V, np.eye(6), atol=1e-12)
+
+
 # --------------------------------------------------------------------------- honest statistics and verdicts
 
 
