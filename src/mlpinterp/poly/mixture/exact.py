@@ -18,7 +18,16 @@ from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
 from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
-from mlpinterp.poly.mixture.matrix_free import PRECONDITIONERS, _MixtureOperator, _pcg
+from mlpinterp.poly.mixture.matrix_free import (
+    PRECONDITIONERS,
+    _apply_cast,
+    _dot,
+    _MixtureOperator,
+    _pcg,
+    _rel,
+    _sub,
+    galerkin_start,
+)
 from mlpinterp.poly.mixture.moment_dense import _solve_dense
 from mlpinterp.poly.ridge import fit_ridge
 
@@ -230,6 +239,12 @@ def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dty
     return ops[key]
 
 
+def _norm(theta):
+    """Per-output norms ``[o]`` (1 where 0, as ``_pcg`` divides by them)."""
+    n = _dot(theta, theta).sqrt()
+    return n.where(n > 0, n.new_ones(()))
+
+
 def _check_warm_start(p, network: Network, method: str) -> None:
     if method == "dense":
         raise ValueError("warm_start applies to method='cg' only (the dense solve is direct)")
@@ -264,17 +279,33 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     zeros = tuple(torch.zeros_like(t) for t in rhs)
     anchor = as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled" else zeros
     start = init
-    x0 = anchor if init == "pooled" else None
+    # ra = rhs - M anchor (the anchor's residual; with it the solution's M (x - anchor) = ra - res costs nothing)
+    ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
+    x0, res0 = (anchor, ra) if init == "pooled" else (None, None)
+    galerkin = None
     if warm_start is not None:
         state = getattr(warm_start, "_cg_state", None)
         if state is not None and state["mixture"]() is mixture and state["init"] == init:
-            x0, start = tuple(a + torch.as_tensor(c, device=dev) for a, c in zip(anchor, state["correction"], strict=True)), "warm"
+            corr = tuple(torch.as_tensor(c, device=dev) for c in state["correction"])
+            start = "warm"
+            # Galerkin over the previous corrections (galerkin_start) on a non-singular operator; on a singular one
+            # the corrections' null components make the Galerkin system ill-posed: the plain correction instead
+            if state.get("m_correction") is not None and structure == "nonsingular":
+                mcorr = tuple(torch.as_tensor(c, device=dev) for c in state["m_correction"])
+                x0, res0, C = galerkin_start(anchor, ra, corr, mcorr)
+                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": _rel(res0, _norm(rhs))[1],
+                            "plain_warm_relative_residual": _rel(_sub(ra, mcorr), _norm(rhs))[1]}
+            else:
+                x0, res0 = tuple(a + c for a, c in zip(anchor, corr, strict=True)), None
         else:
             t = tensors_in_u(warm_start, coords, warm_start.degree)
             t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
-            x0, start = as_t(t), "warm (plain start)"
-    x, sinfo = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=maxiter,
-                    progress=progress, x0=x0, inner=inner, fallback=fallback)
+            x0, res0, start = as_t(t), None, "warm (plain start)"
+    x, sinfo, res = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
+                         maxiter=maxiter, progress=progress, x0=x0, inner=inner, fallback=fallback, res0=res0,
+                         return_residual=True)
+    if galerkin is not None:
+        sinfo["galerkin_start"] = galerkin
     # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
     canonical = structure == "nonsingular" or (start != "warm (plain start)" and dtype != torch.bfloat16 and (
         start != "warm" or warm_start._cg_state.get("canonical", True)))
@@ -298,7 +329,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
                 "fit_mixture result under the same mixture for the canonical one"))
         )
     state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
-             "correction": tuple((a - b).detach().clone() for a, b in zip(x, anchor, strict=True))}
+             "correction": tuple((a - b).detach().clone() for a, b in zip(x, anchor, strict=True)),
+             "m_correction": _sub(ra, res)}  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
     if not sinfo["converged"]:
         warnings.warn(
             f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "

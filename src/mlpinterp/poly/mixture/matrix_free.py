@@ -455,7 +455,7 @@ def _dtype_name(dtype) -> str:
 
 def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_tol: float, window: int, maxiter: int,
          progress: bool, x0=None, inner: _MixtureOperator | None = None, max_sweeps: int = 20,
-         fallback: _MixtureOperator | None = None):
+         fallback: _MixtureOperator | None = None, res0=None, return_residual: bool = False):
     """Batched PCG with true-residual checks and iterative refinement, one system per output; ``(theta, info)``.
 
     CG minimises the energy-norm error, i.e. the excess mean squared error ``E_mix[(p_k - p*)^2]`` of the
@@ -472,7 +472,9 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     with a bfloat16 ``inner``): the residuals between sweeps are updated with it (``res - M d``), the convergence
     decision is always confirmed by ``rhs - M x`` in float64, and when a bfloat16 sweep reduces the true residual
     by less than ``BF16_STALL`` (or increases it: that correction is discarded) the remaining sweeps run in
-    float32 (``info["fallback"]`` says when and why). ``x0``: starting point (default 0).
+    float32 (``info["fallback"]`` says when and why). ``x0``: starting point (default 0); ``res0``: its residual
+    ``rhs - M x0`` when the caller has it (computed as here: with ``fallback``'s operator, else float64).
+    ``return_residual``: return ``(theta, info, res)`` with ``res = rhs - M theta`` in float64.
     """
     torch = op64.torch
     inner = inner or op64
@@ -483,10 +485,44 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
         res = rhs
     else:
         x = x0
-        res = _sub(rhs, _apply_cast(fallback or op64, x0))
+        res = _sub(rhs, _apply_cast(fallback or op64, x0)) if res0 is None else res0
     with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
-        return _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol,
+        x, info, res = _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol,
                        residual_tol=residual_tol, window=window, maxiter=maxiter, max_sweeps=max_sweeps)
+    return (x, info, res) if return_residual else (x, info)
+
+
+def galerkin_start(anchor, ra, basis, m_basis):
+    """The best start in ``anchor + span(basis)``: ``(x0, res0, coefficients [o, n])``.
+
+    ``basis``, ``m_basis``: ``n`` parameter vectors stacked as (c [n], b [n, r], A [n, r, r]) and the operator
+    applied to them (``M D_j``); ``ra = rhs - M anchor`` per output. For each output ``o`` the coefficients solve
+    the Galerkin equations ``(D^T M D) c_o = D^T ra_o`` (pseudo-inverse), which minimise the energy-norm error,
+    i.e. the excess mean squared error, of ``anchor_o + D c_o`` over the span (Krylov-subspace recycling with the
+    previous checkpoint's corrections: the operator is the same at every checkpoint, only the right-hand side
+    changes). ``res0 = ra - (M D) c`` is the start's residual without an operator application. On a singular
+    operator the start stays in ``anchor + P range(M)`` when each ``D_j`` does (corrections of earlier solves).
+    """
+    import torch
+
+    def dots(X, Y):  # [nx, ny] inner products <X_i, Y_j>
+        return X[0][:, None] * Y[0][None] + X[1] @ Y[1].T + X[2].reshape(X[2].shape[0], -1) @ Y[2].reshape(Y[2].shape[0], -1).T
+
+    G = dots(basis, m_basis)
+    G = 0.5 * (G + G.T)
+    w, V = torch.linalg.eigh(G)
+    keep = w > NULL_RTOL * 1e4 * w[-1].clamp(min=0) if w.numel() else w > 0
+    if not bool(keep.any()):
+        return anchor, ra, torch.zeros(ra[0].shape[0], 0, dtype=ra[0].dtype)
+    Ginv = (V[:, keep] / w[keep]) @ V[:, keep].T
+    C = dots(ra, basis) @ Ginv  # [o, n]
+
+    def comb(T):  # sum_j C[o, j] T_j -> per-output tensors
+        return (C @ T[0], C @ T[1], (C @ T[2].reshape(T[2].shape[0], -1)).reshape(-1, *T[2].shape[1:]))
+
+    x0 = tuple(a + b for a, b in zip(anchor, comb(basis), strict=True))
+    res0 = _sym(tuple(a - b for a, b in zip(ra, comb(m_basis), strict=True)))
+    return x0, res0, C
 
 
 def _apply_cast(op: _MixtureOperator, theta):
@@ -603,4 +639,4 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         "residual_history": residuals,
         "explained_variance_history": explained,
     }
-    return x, info
+    return x, info, res
