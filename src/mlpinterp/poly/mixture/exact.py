@@ -122,8 +122,10 @@ def fit_mixture(
         ``"zero"``. On a singular operator the answer off the components' supports is the solution closest to
         the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``matrix_free``).
     warm_start : the previous checkpoint's ``fit_mixture`` result under the same mixture (method ``"cg"``, same
-        ``init``): CG starts from the new anchor plus its correction and returns the cold start's answer, to the
-        solver's tolerance. Any other degree <= 2 polynomial is used as a plain starting point
+        ``init``): CG starts from the new anchor plus the best combination of its per-output corrections (the
+        Galerkin start of ``matrix_free.galerkin_start``, on a non-singular operator; the plain correction on a
+        singular one; ``solver_info["galerkin_start"]`` gives its initial residual) and returns the cold start's
+        answer, to the solver's tolerance. Any other degree <= 2 polynomial is used as a plain starting point
         (``solver_info["canonical"]`` is then False on a singular operator).
     residual_tol : largest true relative residual accepted with the excess-FVU stop (default 1e-4).
     device : torch device for the CG path (default: CUDA when available, else CPU).

@@ -44,7 +44,10 @@ under the pooled Gaussian: off the components' supports the polynomial stays as 
 to the pooled-Gaussian optimum (and CG starts close to the answer: 43 instead of 119 iterations on 14x14
 MNIST); ``init="zero"`` gives the minimum-norm solution in the metric ``P^+``. A warm start from an earlier
 result under the same mixture starts at the new anchor plus the earlier correction ``theta - theta_0``, which
-stays in the same affine set, so it returns the cold start's answer.
+stays in the same affine set, so it returns the cold start's answer; on a non-singular operator the start is the
+energy-optimal combination of the earlier result's per-output corrections (``galerkin_start``: the operator is the
+same at every checkpoint, so its action on them is known from the earlier solve; 60 instead of 82 iterations on
+MNIST checkpoint 512 after 384).
 
 Convergence is checked on the true residual ``rhs - M theta``, recomputed in float64 when CG stops, never on
 the recurrence alone: the solver reports ``converged`` only when the true relative residual is ``<= tol``, or
