@@ -330,3 +330,26 @@ def test_alive_and_per_feature_counts_on_hand_importances():
     assert alive_subcomponents(ci, 0.3)["a"].tolist() == [True, True, False]
     assert subcomponents_per_feature(ci)["a"].tolist() == [1, 1, 2]
     assert [s.tolist() for s in responsible_sets(ci["a"])] == [[0], [0], [1, 2]]
+
+
+def test_target_pattern_errors_on_hand_importances():
+    from mlpinterp.spd.metrics import coactivity, dense_ci_error, identity_ci_error
+
+    # identity: the best assignment (row 0 -> column 0, row 1 -> column 1); 0.2 off it, 0.85 on it below 0.9
+    assert identity_ci_error(torch.tensor([[0.95, 0.0, 0.2], [0.0, 0.85, 0.0]])) == 2
+    assert identity_ci_error(torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])) == 0  # a permuted identity
+    # the assignment maximises the sum (0.8 + 0.95), not row by row (greedy: 0.9 + 0.0, which would give 3)
+    assert identity_ci_error(torch.tensor([[0.9, 0.8], [0.95, 0.0]])) == 2
+    assert identity_ci_error(torch.tensor([[0.95, 0.0, 0.2], [0.0, 0.85, 0.0]]), tolerance=0.25) == 0
+    with pytest.raises(ValueError, match="C >= n_features"):
+        identity_ci_error(torch.ones(2, 1))
+    g = torch.tensor([[1.0, 0.5, 0.0, 0.2], [1.0, 0.95, 0.0, 0.0], [0.95, 0.3, 0.05, 0.0]])
+    # columns by mass: 0 (2.95), 1 (1.75), 3 (0.2), 2 (0.05); the first two have an entry >= 0.9
+    assert dense_ci_error(g, 2) == 1  # column 3's 0.2
+    assert dense_ci_error(g, 3) == 1  # column 3 has no strong entry; column 2 nothing above 0.1
+    assert dense_ci_error(g, 1) == 4  # column 1's three entries and column 3's one
+    with pytest.raises(ValueError, match="C >= k"):
+        dense_ci_error(g, 5)
+    c = coactivity(g)
+    assert c["used"] == 3 and c["always"] == 2 and c["fraction"] == pytest.approx(7 / 9)
+    assert math.isnan(coactivity(torch.zeros(2, 3))["fraction"])

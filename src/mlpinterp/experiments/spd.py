@@ -39,7 +39,7 @@ from mlpinterp.spd import (
     with_overrides,
 )
 from mlpinterp.spd.decomposition import Decomposition
-from mlpinterp.spd.metrics import ALIVE_THRESHOLD
+from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 
@@ -91,11 +91,33 @@ QUICK: dict[str, dict] = {
     "tms-40-10": dict(steps=2000, batch_size=512, log_every=100),
     "tms-5-2-id": dict(steps=5000, batch_size=1024, lr=1e-2, log_every=250),
     "tms-40-10-id": dict(steps=2000, batch_size=512, log_every=100),
-    "resid-mlp-1": dict(steps=5000, batch_size=256, log_every=250),
+    # 20k steps at batch 256: 562 s at load 0.5-2.2 (1 thread), W_in 96 of 100 features with exactly one subcomponent
+    # (5k steps: 42 of 100, 150 s); W_out 86 used, not one co-active group (docs/spd.md)
+    "resid-mlp-1": dict(steps=20_000, batch_size=256, log_every=1000),
     # measured 0.49 s/step at batch 256 and 1.2 s/step at batch 128 (C = 500, d_gate 128) at load 10: pipeline checks
     "resid-mlp-2": dict(steps=2000, batch_size=128, log_every=100),
     "resid-mlp-3": dict(steps=500, batch_size=64, log_every=50),
 }
+
+_DMLP_BAND = 0.2
+"""W_out counts as "about d_mlp" subcomponents when it uses between (1 - this) and (1 + this) times d_mlp."""
+_COACTIVE = 0.9
+"""W_out counts as "always co-active" when its used subcomponents are important, on average, for this share of the
+one-hot inputs or more."""
+
+
+def resid_goal(m: dict, n_features: int) -> bool:
+    """Issue 10's residual-MLP goal on one seed's metrics ``m`` (from :func:`evaluate`): on every W_in site each of
+    the ``n_features`` features has exactly one important subcomponent, the owners are distinct and important for
+    their feature alone; the W_out sites together use ``d_mlp`` (± ``_DMLP_BAND``) subcomponents with co-activity
+    ``>= _COACTIVE`` each; anti-scrubbed MSE ``>= 3`` × scrubbed MSE."""
+    w_in = all(v == n_features for v in m["features_with_one_subcomponent"].values()) and all(
+        v == n_features for v in m["features_one_distinct"].values()) and m["features_monosemantic"] == n_features
+    outs = m["mlp_out_one_hot"].values()
+    used = sum(v["used"] for v in outs)
+    w_out = abs(used - m["d_mlp"]) <= _DMLP_BAND * m["d_mlp"] and all(v["fraction"] >= _COACTIVE for v in outs)
+    return bool(w_in and w_out and m["anti_scrubbed_mse"] >= 3 * m["scrubbed_mse"])
+
 
 _LOSSES = ("faithfulness", "stochastic_recon", "layerwise_recon", "importance_minimality")
 
@@ -148,7 +170,7 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
     x = spec.sample(n_eval, step_generator(seed + 10_000, 0))
     ci = causal_importances(model, dec, x)
     alive = alive_subcomponents(ci)
-    ci1 = one_hot_importances(model, dec, spec.n_features, spec.value_range[1])
+    ci1 = one_hot_importances(model, dec, spec.n_features, ONE_HOT_VALUE)  # x_i = 0.75, as in the paper
     out: dict = {"alive": {k: int(v.sum()) for k, v in alive.items()}, **masked_output_mse(model, dec, x),
                  "L0": {k: float((g > 0).sum(1).float().mean()) for k, g in ci.items()}}
     plot_ci_per_feature(ci1, seed_dir / "ci_per_feature.png", alive)
@@ -179,6 +201,7 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
         out["features_with_one_subcomponent"] = {k: int(sum(len(s) == 1 for s in v)) for k, v in sets.items()}
         out["features_covered"] = int(sum(any(len(sets[k][i]) >= 1 for k in ins) for i in range(spec.n_features)))
         served = {k: (ci1[k] > ALIVE_THRESHOLD).sum(0).cpu().numpy() for k in ins}  # features each subcomponent serves
+        out["identity_ci_error"] = {k: identity_ci_error(ci1[k]) for k in ins}
         out["features_monosemantic"] = int(sum(
             any(len(sets[k][i]) for k in ins) and all((served[k][sets[k][i]] == 1).all() for k in ins)
             for i in range(spec.n_features)))
@@ -186,6 +209,10 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
         outs = [s.name for s in dec.sites if s.name.endswith("mlp_out")]
         out["mlp_out_coactive"] = {k: float((ci1[k][:, torch.from_numpy(alive[k])] > ALIVE_THRESHOLD).float().mean())
                                    if alive[k].any() else None for k in outs}
+        out["mlp_out_one_hot"] = {k: coactivity(ci1[k]) for k in outs}
+        width = {s.name: s.d_in for s in dec.sites if s.name in outs}  # W_out: [d_resid, d_mlp of its layer]
+        out["d_mlp"] = int(sum(width.values()))
+        out["dense_ci_error"] = {k: dense_ci_error(ci1[k], min(width[k], dec.C)) for k in outs}
         xs = x[(x != 0).any(1)]
         res = scrubbing(model, dec, xs, sets, seed=seed)
         summ = res.summary()
@@ -383,8 +410,9 @@ def render_report(result: dict) -> str:
     else:
         head = ["seed", "alive per site", "features with exactly one W_in subcomponent", "distinct owners",
                 "features covered", "features served only by their own W_in subcomponents",
-                "W_out: fraction of its alive subcomponents important per feature", "CI-masked MSE", "scrubbed MSE", "anti-scrubbed MSE", "anti / scrubbed",
-                "seconds"]
+                "W_in identity-pattern errors", "W_out: used on one-hot inputs / always / co-activity",
+                "W_out dense-pattern errors (k = d_mlp)", "CI-masked MSE", "scrubbed MSE", "anti-scrubbed MSE",
+                "anti / scrubbed", "seconds"]
         body = []
         for m in per:
             ratio = m["anti_scrubbed_mse"] / max(m["scrubbed_mse"], 1e-300)
@@ -392,15 +420,25 @@ def render_report(result: dict) -> str:
                          ", ".join(f"{k}: {v}" for k, v in m["features_with_one_subcomponent"].items()),
                          ", ".join(f"{k}: {v}" for k, v in m["features_one_distinct"].items()),
                          m["features_covered"], m["features_monosemantic"],
-                         ", ".join(f"{k}: {rep.fmt_value(v, '.2f')}" for k, v in m["mlp_out_coactive"].items()),
+                         ", ".join(f"{k}: {v}" for k, v in m["identity_ci_error"].items()),
+                         ", ".join(f"{k}: {v['used']} / {v['always']} / {rep.fmt_value(v['fraction'], '.2f')}"
+                                   for k, v in m["mlp_out_one_hot"].items()),
+                         ", ".join(f"{k}: {v}" for k, v in m["dense_ci_error"].items()),
                          f"{m['ci_masked_mse']:.3g}", f"{m['scrubbed_mse']:.3g}",
                          f"{m['anti_scrubbed_mse']:.3g}", f"{ratio:.2f}", f"{m['seconds']:.0f}"])
-        good = [m["features_monosemantic"] == setting_spec(setting).n_features
-                and m["anti_scrubbed_mse"] >= 3 * m["scrubbed_mse"] for m in per]
-        v = rep.verdict(all(good), f"{sum(good)} of {n} seeds with every feature served by W_in subcomponents "
-                        "important for that feature alone, and anti-scrubbed ≥ 3 × scrubbed MSE", run=kind)
+        good = [resid_goal(m, setting_spec(setting).n_features) for m in per]
+        v = rep.verdict(all(good), f"{sum(good)} of {n} seeds meet the goal (every W_in site: each of the "
+                        "features has exactly one important subcomponent, distinct and important for that feature "
+                        f"alone; W_out: {1 - _DMLP_BAND:.0%}-{1 + _DMLP_BAND:.0%} of d_mlp subcomponents used, "
+                        f"co-activity ≥ {_COACTIVE}; anti-scrubbed ≥ 3 × scrubbed MSE)", run=kind)
         lines += ["## Result", "", rep.md_table(head, body), "", f"Verdict: {v}", "",
                   f"APD ours on this setting (docs/apd.md): {APD_OURS.get(setting, '—')}.", "",
+                  f"Causal importances per feature are measured on one-hot inputs x_i = {ONE_HOT_VALUE} (the SPD "
+                  f"paper's), a subcomponent counting as important above {ALIVE_THRESHOLD}. Identity- and "
+                  "dense-pattern errors are the reference implementation's target-pattern distances (0 = the "
+                  "pattern exactly; the identity one also asks the matched importance to be ≥ 0.9). W_out "
+                  "co-activity: the mean share of features each used subcomponent is important for (1 = one "
+                  "always-active group, as the paper finds).", "",
                   "Scrubbing ablates half of the W_in subcomponents of each layer (those responsible for none of the "
                   "sample's features, or the responsible ones first); W_out keeps all its subcomponents (SPD finds "
                   "it one always-active group).", ""]

@@ -2,7 +2,10 @@
 
 - causal importances on a batch or on one-hot inputs (the causal-importance-per-feature plots);
 - alive subcomponents: causal importance above a threshold (0.1, as in the reference) on some input;
-- subcomponents per feature: how many subcomponents of a site are causally important for a one-hot input;
+- subcomponents per feature: how many subcomponents of a site are causally important for a one-hot input (of
+  value :data:`ONE_HOT_VALUE` = 0.75, the paper's);
+- the reference implementation's target-pattern errors on the one-hot importances: identity (one subcomponent per
+  feature, after the best matching) and dense (``k`` always-active subcomponents);
 - the CI-masked forward (masks = causal importances, ``r = 0``): the worst case of the stochastic masks;
 - scrubbing / anti-scrubbing (APD paper Sec. 3.2) with the responsible subcomponents of the chosen sites, via APD's
   :func:`mlpinterp.apd.scrub_keep_masks`.
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from mlpinterp.apd.forward import run_with_components
@@ -26,6 +30,10 @@ from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 ALIVE_THRESHOLD = 0.1
 """Causal importance above which a subcomponent counts as used (the reference implementation's ``ci_alive_threshold``)."""
+
+ONE_HOT_VALUE = 0.75
+"""Value of the active feature in the one-hot inputs of the causal-importance-per-feature analyses (SPD paper,
+Figs. 8, 12, 13: ``x_i = 0.75``; the reference's ``input_magnitude``)."""
 
 
 @torch.no_grad()
@@ -56,6 +64,52 @@ def subcomponents_per_feature(ci_one_hot: dict[str, torch.Tensor],
     """``{site: [n_features] int}``: subcomponents with causal importance ``> threshold`` for each one-hot input."""
     threshold = check_real(threshold, "threshold", 0.0, 1.0)
     return {k: (g > threshold).sum(1).cpu().numpy() for k, g in ci_one_hot.items()}
+
+
+def identity_ci_error(ci_one_hot: torch.Tensor, tolerance: float = ALIVE_THRESHOLD) -> int:
+    """Entries of ``ci_one_hot`` (``[n_features, C]``, ``C >= n_features``) that break the identity pattern, after the
+    assignment of one distinct subcomponent to each feature that maximises their summed importance (Hungarian):
+    off-assignment entries ``> tolerance`` plus assigned entries ``< 1 - tolerance``. ``0`` iff every feature has
+    exactly one subcomponent important for it, important for no other feature, with importance ``>= 1 - tolerance``.
+    The reference implementation's ``IdentityCIPattern`` distance (its ``IdentityCIError`` metric).
+
+    Raises ``ValueError`` unless ``ci_one_hot`` is 2-D with at least as many columns as rows."""
+    tolerance = check_real(tolerance, "tolerance", 0.0, 1.0)
+    g = ci_one_hot.detach().cpu().numpy() if isinstance(ci_one_hot, torch.Tensor) else np.asarray(ci_one_hot)
+    if g.ndim != 2 or g.shape[1] < g.shape[0]:
+        raise ValueError(f"ci_one_hot must be [n_features, C] with C >= n_features, got shape {list(g.shape)}")
+    rows, cols = linear_sum_assignment(-g)
+    on = np.zeros(g.shape, bool)
+    on[rows, cols] = True
+    return int((g[~on] > tolerance).sum() + (g[on] < 1 - tolerance).sum())
+
+
+def dense_ci_error(ci_one_hot: torch.Tensor, k: int, tolerance: float = ALIVE_THRESHOLD) -> int:
+    """Distance of ``ci_one_hot`` (``[n_features, C]``) from ``k`` dense subcomponents and no others: with the
+    columns ordered by total importance, the first ``k`` columns without any entry ``>= 1 - tolerance`` plus the
+    entries ``> tolerance`` of the other columns (the reference implementation's ``DenseCIPattern``, one strong entry
+    per column; it does not ask the ``k`` columns to be important on every input: :func:`coactivity` does).
+
+    Raises ``ValueError`` unless ``ci_one_hot`` is 2-D with at least ``k >= 1`` columns."""
+    k = check_int(k, "k")
+    tolerance = check_real(tolerance, "tolerance", 0.0, 1.0)
+    g = ci_one_hot.detach().cpu().numpy() if isinstance(ci_one_hot, torch.Tensor) else np.asarray(ci_one_hot)
+    if g.ndim != 2 or g.shape[1] < k:
+        raise ValueError(f"ci_one_hot must be [n_features, C] with C >= k = {k}, got shape {list(g.shape)}")
+    g = g[:, np.argsort(-g.sum(0), kind="stable")]
+    return int((~(g[:, :k] >= 1 - tolerance).any(0)).sum() + (g[:, k:] > tolerance).sum())
+
+
+def coactivity(ci_one_hot: torch.Tensor, threshold: float = ALIVE_THRESHOLD) -> dict[str, float | int]:
+    """How far a site's subcomponents act as one always-active group on the one-hot inputs (``[n_features, C]``):
+    ``used`` (subcomponents important for some feature), ``always`` (important for every feature), ``fraction``
+    (mean over the used subcomponents of the share of features they are important for; 1 = always co-active;
+    ``nan`` if none is used)."""
+    threshold = check_real(threshold, "threshold", 0.0, 1.0)
+    on = (ci_one_hot > threshold).cpu()
+    used = on.any(0)
+    return {"used": int(used.sum()), "always": int(on.all(0).sum()),
+            "fraction": float(on[:, used].float().mean()) if used.any() else float("nan")}
 
 
 def responsible_sets(ci_one_hot: torch.Tensor, threshold: float = ALIVE_THRESHOLD) -> list[np.ndarray]:
