@@ -273,10 +273,10 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
     n_apply = [op.n_apply for op in ops]
     as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
-    comps = [as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components]
-    t_rhs = time.perf_counter()
+    # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
+    comps = (as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components)
     rhs = op64.apply(None, components=comps)
-    del comps
+    t_rhs = time.perf_counter()
     structure = op64.structure
     zeros = tuple(torch.zeros_like(t) for t in rhs)
     anchor = as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled" else zeros

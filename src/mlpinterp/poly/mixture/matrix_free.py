@@ -193,18 +193,24 @@ class _MixtureOperator:
         self.n_apply = 0
 
     def apply(self, theta, components=None):
-        """sum_k pi_k M_k theta (``components``: per-component thetas, for the right-hand side, instead)."""
+        """sum_k pi_k M_k theta (``components``: per-component thetas, for the right-hand side, instead).
+
+        ``components`` may be any iterable of the K thetas, e.g. a generator that builds each when it is used (the
+        right-hand side then holds one component's ``[o, r, r]`` tensor at a time, not K).
+        """
         torch = self.torch
         self.n_apply += 1
         if components is None:
             return self._apply_fused(*theta)
-        out = None
-        for k, pk in enumerate(self.pi):
+        out, first = None, None
+        for k, (pk, comp) in enumerate(zip(self.pi, components, strict=True)):
             if pk == 0.0:
+                first = comp if out is None and first is None else first  # for the shapes of an all-zero answer
                 continue
-            g = _component_apply(*components[k], self.m[k], self.S[k])
+            g = _component_apply(*comp, self.m[k], self.S[k])
+            del comp
             out = [pk * t for t in g] if out is None else [o + pk * t for o, t in zip(out, g, strict=True)]
-        return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in components[0])
+        return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in first)
 
     def _apply_fused(self, c, b, A):
         """Same as summing ``_component_apply`` over components, with every O(o r^2) pass batched over k.
