@@ -21,8 +21,8 @@ from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, t
 from mlpinterp.poly.mixture.matrix_free import (
     PRECONDITIONERS,
     _apply_cast,
-    _dot,
     _MixtureOperator,
+    _norm,
     _pcg,
     _rel,
     _sub,
@@ -241,12 +241,6 @@ def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dty
     return ops[key]
 
 
-def _norm(theta):
-    """Per-output norms ``[o]`` (1 where 0, as ``_pcg`` divides by them)."""
-    n = _dot(theta, theta).sqrt()
-    return n.where(n > 0, n.new_ones(()))
-
-
 def _check_warm_start(p, network: Network, method: str) -> None:
     if method == "dense":
         raise ValueError("warm_start applies to method='cg' only (the dense solve is direct)")
@@ -295,8 +289,9 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             if state.get("m_correction") is not None and structure == "nonsingular":
                 mcorr = tuple(torch.as_tensor(c, device=dev) for c in state["m_correction"])
                 x0, res0, C = galerkin_start(anchor, ra, corr, mcorr)
-                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": _rel(res0, _norm(rhs))[1],
-                            "plain_warm_relative_residual": _rel(_sub(ra, mcorr), _norm(rhs))[1]}
+                rhs_norm = _norm(rhs)
+                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": _rel(res0, rhs_norm)[1],
+                            "plain_warm_relative_residual": _rel(_sub(ra, mcorr), rhs_norm)[1]}
             else:
                 x0, res0 = tuple(a + c for a, c in zip(anchor, corr, strict=True)), None
         else:

@@ -288,6 +288,12 @@ def _sub(x, y):
     return tuple(a - b for a, b in zip(x, y, strict=True))
 
 
+def _norm(theta):
+    """Per-output norms ``[o]``, 1 where 0 (the denominators of relative residuals)."""
+    n = _dot(theta, theta).sqrt()
+    return n.where(n > 0, n.new_ones(()))
+
+
 def _rel(res, rhs_norm):
     """``(per-output relative residual [o], its max as a float)``."""
     rel_o = _dot(res, res).sqrt() / rhs_norm
@@ -487,8 +493,7 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     """
     torch = op64.torch
     inner = inner or op64
-    rhs_norm = torch.sqrt(_dot(rhs, rhs))
-    rhs_norm = torch.where(rhs_norm > 0, rhs_norm, torch.ones_like(rhs_norm))
+    rhs_norm = _norm(rhs)
     if x0 is None:
         x = tuple(torch.zeros_like(t) for t in rhs)
         res = rhs
