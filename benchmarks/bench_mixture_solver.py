@@ -33,20 +33,37 @@ from pathlib import Path
 _BASELINE_SNIPPET = r"""
 import json, sys, time
 import numpy as np, torch
-torch.set_num_threads(1)
+torch.set_num_threads(int(sys.argv[5]))
 from mlpinterp.networks import MLP
 from mlpinterp.gaussian.distributions import GaussianMixture
 z = np.load(sys.argv[1])
+dtype = sys.argv[4]
 net = MLP(z["W1"], z["b1"], z["W2"], z["b2"], "relu")
 mix = GaussianMixture(z["weights"], z["means"], z["covs"])
-from mlpinterp.poly.mixture_quadratic import fit_mixture
+try:
+    from mlpinterp.poly.mixture.exact import fit_mixture
+except ImportError:  # revisions before the mixture package
+    from mlpinterp.poly.mixture_quadratic import fit_mixture
+kw = dict(method="cg", fvu_tol=1e-6, maxiter=500, device="cpu")
+kw.update(tol=1e-10) if dtype == "float64" else kw.update(dtype=dtype)
+out = {}
 t0, c0 = time.perf_counter(), time.process_time()
-p = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, tol=1e-10, maxiter=500, device="cpu")
+p = fit_mixture(net, mix, 2, **kw)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 np.savez(sys.argv[2], *p.tensors)
 si = p.solver_info
-json.dump({"wall_s": wall, "cpu_s": cpu, "iterations": si["iterations"], "relative_residual": si["relative_residual"],
-           "stopped_by": si["stopped_by"]}, open(sys.argv[3], "w"))
+out["cold"] = {"wall_s": wall, "cpu_s": cpu, "iterations": si["iterations"], "relative_residual": si["relative_residual"],
+               "stopped_by": si["stopped_by"]}
+if "W1b" in z:  # the second checkpoint, warm-started from the first (if the revision has warm starts)
+    net2 = MLP(z["W1b"], z["b1b"], z["W2b"], z["b2b"], "relu")
+    t0, c0 = time.perf_counter(), time.process_time()
+    q = fit_mixture(net2, mix, 2, warm_start=p, **kw)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    np.savez(sys.argv[2].replace(".npz", "_warm.npz"), *q.tensors)
+    si = q.solver_info
+    out["warm"] = {"wall_s": wall, "cpu_s": cpu, "iterations": si["iterations"],
+                   "relative_residual": si["relative_residual"], "stopped_by": si["stopped_by"]}
+json.dump(out, open(sys.argv[3], "w"))
 """
 
 
@@ -76,10 +93,15 @@ def main() -> None:
     ap.add_argument("--case", default="mnist", choices=["mnist", "mnist14"])
     ap.add_argument("--solvers", nargs="+", default=["baseline", "float64", "float32", "warm32"],
                     choices=["baseline", "float64", "float32", "bf16", "warm64", "warm32", "warmbf16"])
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of today's solvers (baseline: 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every solver (the baseline too)")
     ap.add_argument("--d-hidden", type=int, default=256)
     ap.add_argument("--covariance", default="empirical", choices=["empirical", "ledoit-wolf"])
     ap.add_argument("--baseline-rev", default="82154cb")
+    ap.add_argument("--baseline-dtype", default="float64", choices=["float64", "float32", "bfloat16"],
+                    help="the baseline's dtype (float64: tol 1e-10, the pre-issue-12 rule; others: the revision's "
+                         "default rule); with --baseline-warm also its warm start on the second checkpoint")
+    ap.add_argument("--baseline-warm", action="store_true",
+                    help="also time the baseline revision's warm start (revisions after 82154cb)")
     ap.add_argument("--baseline-cache", default=None,
                     help="directory keeping the baseline's answer and timings: reused by later runs (for a loaded "
                          "CPU, where one run cannot hold every solver: compare CPU seconds then)")
@@ -124,7 +146,7 @@ def main() -> None:
         return float(((p(X) - ref(X)) ** 2).sum(1).mean() / ((f - f.mean(0)) ** 2).sum(1).mean())
 
     def record(name, p, wall, cpu, network, its, extra=""):
-        ref = sols.get(("baseline", id(network)))
+        ref = sols.get(("baseline", id(network))) or sols.get(("baseline-warm", id(network)))
         exc = None if ref is None else excess(p, ref, network)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rows[name] = {"wall_s": wall, "cpu_s": cpu, "iterations": its, "true_relative_residual": residual(p, network),
@@ -147,21 +169,31 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(f"git archive {args.baseline_rev} src | tar -x -C {tmp}", shell=True, check=True,
                            cwd=Path(__file__).parent.parent)
+            extra = {}
+            if args.baseline_warm:
+                extra = dict(W1b=net2.W1, b1b=net2.b1, W2b=net2.W2, b2b=net2.b2)
             np.savez(f"{tmp}/problem.npz", W1=net.W1, b1=net.b1, W2=net.W2, b2=net.b2, weights=mix.weights,
-                     means=mix.means, covs=mix.covs)
-            env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": "1"}
+                     means=mix.means, covs=mix.covs, **extra)
+            env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": str(args.threads)}
             subprocess.run([sys.executable, "-c", _BASELINE_SNIPPET, f"{tmp}/problem.npz", f"{tmp}/sol.npz",
-                            f"{tmp}/info.json"], env=env, check=True)
-            info = json.load(open(f"{tmp}/info.json"))
+                            f"{tmp}/info.json", args.baseline_dtype, str(args.threads)], env=env, check=True)
+            both = json.load(open(f"{tmp}/info.json"))
+            info = both["cold"]
             info["load"], info["W1_sum"] = os.getloadavg()[0], float(net.W1.sum())
             z = np.load(f"{tmp}/sol.npz")
             p = DensePolynomial(tuple(z[f"arr_{i}"] for i in range(3)))
+            if "warm" in both:
+                zw = np.load(f"{tmp}/sol_warm.npz")
+                pw, iw = DensePolynomial(tuple(zw[f"arr_{i}"] for i in range(3))), both["warm"]
             if cache is not None:
                 cache.mkdir(parents=True, exist_ok=True)
                 (cache / "info.json").write_text(json.dumps(info))
                 np.savez(cache / "sol.npz", *p.tensors)
         record("baseline", p, info["wall_s"], info["cpu_s"], net, info["iterations"],
                f"(stopped by {info['stopped_by']}, its own residual {info['relative_residual']:.1e})")
+        if args.baseline_warm:
+            record("baseline-warm", pw, iw["wall_s"], iw["cpu_s"], net2, iw["iterations"],
+                   f"(stopped by {iw['stopped_by']}, its own residual {iw['relative_residual']:.1e})")
     first = None
     for name in args.solvers:
         if name == "baseline":
@@ -190,7 +222,11 @@ def main() -> None:
         b = rows["baseline"]
         print("\nratios against the baseline (wall / CPU; > 1 = faster):")
         for name, r in rows.items():
-            if name != "baseline":
+            if name.startswith("warm") and "baseline-warm" in rows:
+                bw = rows["baseline-warm"]
+                print(f"  {name:10s} {bw['wall_s'] / r['wall_s']:5.2f}x wall  {bw['cpu_s'] / r['cpu_s']:5.2f}x CPU"
+                      "  (against the baseline's warm start on the same second checkpoint)")
+            elif not name.startswith("baseline"):
                 print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall  {b['cpu_s'] / r['cpu_s']:5.2f}x CPU"
                       + ("  (warm: second checkpoint, started from the first's solution)" if name.startswith("warm") else ""))
     if ("float64", id(net)) in sols:

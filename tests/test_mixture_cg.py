@@ -171,6 +171,30 @@ def test_full_rank_component_proves_nonsingular_and_matches_dense():
         assert _rel(p.coefficients(k), dense.coefficients(k)) < 1e-8
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_block_cg_with_dependent_and_zero_outputs_matches_dense(dtype):
+    # Block CG shares directions between outputs. Outputs 1 and 2 are multiples of output 0 (their preconditioned
+    # residuals are the same direction: the block is rank 1 and must drop the dependent ones), output 3 is a
+    # constant (the pooled anchor is already exact: a zero residual adds no direction). Every output must still
+    # be the dense solve's answer, on a non-singular and a singular operator.
+    rng = np.random.default_rng(30)
+    for ranks, jitter in (([6, 6, 6], 0.05), ([2, 3, 4], 0.0)):
+        mix = _mixture(6, ranks, rng, jitter=jitter)
+        base = _net(6, rng, d_out=1)
+        W2 = np.concatenate([base.W2, base.W2, -3.0 * base.W2, np.zeros_like(base.W2)])
+        net = MLP(base.W1, base.b1, W2, np.array([0.1, 0.2, 0.3, 0.7]), "gelu")
+        p = fit_mixture(net, mix, 2, method="cg", tol=1e-11, fvu_tol=0.0, maxiter=2000, dtype=dtype)
+        si = p.solver_info
+        assert si["converged"] and max(si["per_output_relative_residual"]) <= 1e-11
+        dense = fit_mixture(net, mix, 2, method="dense")
+        X = mix.sample(300, np.random.default_rng(2))
+        assert _rel(p(X), dense(X)) < 1e-8
+        np.testing.assert_allclose(p(X)[:, 3], 0.7, atol=1e-10)
+        if si["operator_structure"] == "nonsingular":
+            for k in range(3):
+                assert _rel(p.coefficients(k), dense.coefficients(k)) < 1e-7
+
+
 def test_near_singular_gram_converges_honestly():
     # Rank-deficient components + 1e-9 I: non-singular but condition ~1e9 or worse. Whatever CG reports, a
     # "converged" must mean an independent true residual <= tol; its mixture error matches the dense solve's
@@ -227,7 +251,7 @@ def test_indefinite_operator_raises_a_clear_error():
     g = torch.Generator().manual_seed(0)
     rhs = (torch.randn(2, generator=g, dtype=torch.float64), torch.randn(2, 3, generator=g, dtype=torch.float64),
            torch.eye(3, dtype=torch.float64).expand(2, 3, 3).clone())
-    with pytest.raises(IndefiniteOperatorError, match="not positive semi-definite.*output 0"):
+    with pytest.raises(IndefiniteOperatorError, match=r"not positive semi-definite.*outputs \[0, 1\]"):
         _pcg(op, rhs, tol=1e-10, fvu_tol=0.0, residual_tol=1e-4, window=5, maxiter=50, progress=False)
 
 
@@ -284,7 +308,7 @@ def test_warm_start_gives_the_cold_start_answer(ranks, jitter, init):
     # result must give the cold-start answer of the second, also on a singular operator (the warm start is the new
     # anchor plus the old correction, see matrix_free), starting from a far smaller residual.
     rng = np.random.default_rng(11)
-    d = 5
+    d = 7  # block CG exhausts the Krylov space of d = 5 in about 10 steps, warm or cold
     mix = _mixture(d, ranks, rng, jitter=jitter)
     net1 = _net(d, rng)
     net2 = MLP(net1.W1 * 1.01 + 0.01 * rng.standard_normal(net1.W1.shape), net1.b1, net1.W2, net1.b2, "gelu")
@@ -340,8 +364,8 @@ def test_outputs_that_converge_are_frozen_and_each_meets_the_rule():
     # the others. Every output's excess FVU against the dense optimum (exact, from the Gram) must then be small
     # on its own, not only pooled.
     rng = np.random.default_rng(14)
-    d = 6
-    mix = _mixture(d, [6, 4, 6], rng, jitter=0.05)
+    d = 10  # block CG solves d = 6 (28 unknowns, 5 outputs) in 6 steps, before any output can freeze
+    mix = _mixture(d, [d, d - 2, d], rng, jitter=0.05)
     net = _net(d, rng, d_hidden=16, d_out=5)
     p = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, residual_tol=1e-4, tol=1e-14)
     si = p.solver_info
