@@ -141,13 +141,13 @@ def test_inner_acts_are_V_times_the_target_input_of_each_site():
     torch.testing.assert_close(h["lin2"], acts["lin2"] @ dec.V("lin2").T)
 
 
-def test_reference_init_rescales_V_to_one_over_d_out():
-    """init="reference": the same draws with V scaled by sqrt(d_in / d_out) (V_c ~ N(0, 1/d_out)); U unchanged."""
+def test_paper_era_init_rescales_V_to_one_over_d_out():
+    """init="paper-era": the same draws with V scaled by sqrt(d_in / d_out) (V_c ~ N(0, 1/d_out)); U unchanged."""
     model = nn.Sequential()
     model.add_module("wide", nn.Linear(400, 10))  # d_in 400, d_out 10
     sites = resolve_sites(model, ["wide"])
     a, b = (Decomposition(sites, 50, 4, {"wide": "wide"}, generator=torch.Generator().manual_seed(0), init=i)
-            for i in ("scaled", "reference"))
+            for i in ("scaled", "paper-era"))
     torch.testing.assert_close(b.U("wide"), a.U("wide"))
     torch.testing.assert_close(b.V("wide"), a.V("wide") * math.sqrt(400 / 10))
     assert abs(float(b.V("wide").std()) * math.sqrt(10) - 1) < 0.05

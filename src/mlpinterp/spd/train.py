@@ -36,7 +36,7 @@ from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-SPD_INITS = ("scaled", "reference")
+SPD_INITS = ("scaled", "paper-era")
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ class SPDConfig:
     d_gate: int = 16
     """GELU hidden units of each subcomponent's causal-importance MLP."""
     init: str = "scaled"
-    """Subcomponent initialisation: "scaled" (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``: the summed weight starts
-    with entry std ``1/sqrt(d_in)``) or "reference" (the SPD reference implementation's ``V_c ~ N(0, 1/d_out)``,
-    same ``U``: entry std ``1/sqrt(d_out)``)."""
+    """Subcomponent initialisation: "scaled" (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``, as the current SPD
+    reference: the summed weight starts with entry std ``1/sqrt(d_in)``) or "paper-era" (the reference of the
+    paper's time, June 2025: ``V_c ~ N(0, 1/d_out)``, same ``U``; entry std ``1/sqrt(d_out)``)."""
     steps: int = 40_000
     """Optimiser steps."""
     batch_size: int = 4096
