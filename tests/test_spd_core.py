@@ -141,6 +141,20 @@ def test_inner_acts_are_V_times_the_target_input_of_each_site():
     torch.testing.assert_close(h["lin2"], acts["lin2"] @ dec.V("lin2").T)
 
 
+def test_paper_era_init_rescales_V_to_one_over_d_out():
+    """init="paper-era": the same draws with V scaled by sqrt(d_in / d_out) (V_c ~ N(0, 1/d_out)); U unchanged."""
+    model = nn.Sequential()
+    model.add_module("wide", nn.Linear(400, 10))  # d_in 400, d_out 10
+    sites = resolve_sites(model, ["wide"])
+    a, b = (Decomposition(sites, 50, 4, {"wide": "wide"}, generator=torch.Generator().manual_seed(0), init=i)
+            for i in ("scaled", "paper-era"))
+    torch.testing.assert_close(b.U("wide"), a.U("wide"))
+    torch.testing.assert_close(b.V("wide"), a.V("wide") * math.sqrt(400 / 10))
+    assert abs(float(b.V("wide").std()) * math.sqrt(10) - 1) < 0.05
+    with pytest.raises(ValueError, match="init must be"):
+        Decomposition(sites, 50, 4, {"wide": "wide"}, init="xavier")
+
+
 # ---------------------------------------------------------------------------------- losses vs hand
 def _hand_tiny(model, dec, x, masks, only=None):
     """Output with W_b = sum_c m[b, c] U_c V_c^T built explicitly per sample (sites outside ``only`` unmasked W)."""
@@ -274,6 +288,7 @@ def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tm
     (dict(targets="W"), TypeError, "targets must be a non-empty tuple"),
     (dict(importance_minimality_coeff=-1.0), ValueError, "importance_minimality_coeff"),
     (dict(reads=(("W",),)), TypeError, "reads must be a tuple of"),
+    (dict(init="xavier"), ValueError, "init must be one of"),
 ])
 def test_bad_configs_raise_clear_errors(kw, exc, msg):
     with pytest.raises(exc, match=msg):

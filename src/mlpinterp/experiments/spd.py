@@ -93,6 +93,7 @@ QUICK: dict[str, dict] = {
     "tms-40-10-id": dict(steps=2000, batch_size=512, log_every=100),
     # 20k steps at batch 256: 562 s at load 0.5-2.2 (1 thread), W_in 96 of 100 features with exactly one subcomponent
     # (5k steps: 42 of 100, 150 s); W_out 86 used, not one co-active group (docs/spd.md)
+    # tried and not better (docs/spd.md): init="paper-era" (45 of 100 at 10k steps) and batch 1024 x 6k steps (64 of 100)
     "resid-mlp-1": dict(steps=20_000, batch_size=256, log_every=1000),
     # measured 0.49 s/step at batch 256 and 1.2 s/step at batch 128 (C = 500, d_gate 128) at load 10: pipeline checks
     "resid-mlp-2": dict(steps=2000, batch_size=128, log_every=100),

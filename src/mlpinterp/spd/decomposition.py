@@ -85,13 +85,22 @@ class Decomposition(nn.Module):
     """Subcomponents (``components``, APD :class:`Components` with ``m = 1``) and one :class:`CausalImportance`
     per site (``importance[site]``), with ``reads`` (from :func:`resolve_reads`).
 
-    Raises ``ValueError`` for ``C < 1`` or ``d_gate < 1`` (and what :class:`Components` raises).
+    ``init``: ``"scaled"`` (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``) or ``"paper-era"`` (the SPD reference
+    implementation of June 2025: ``V_c ~ N(0, 1/d_out)``; the same draws rescaled by ``sqrt(d_in / d_out)``).
+
+    Raises ``ValueError`` for ``C < 1``, ``d_gate < 1`` or another ``init`` (and what :class:`Components` raises).
     """
 
     def __init__(self, sites: Sequence[Site], C: int, d_gate: int, reads: Mapping[str, str],
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, init: str = "scaled"):
         super().__init__()
+        if init not in ("scaled", "paper-era"):
+            raise ValueError(f"init must be 'scaled' or 'paper-era', got {init!r}")
         self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator)
+        if init == "paper-era":
+            with torch.no_grad():
+                for s in sites:
+                    self.components.factors(s)[1].mul_((s.d_in / s.d_out) ** 0.5)
         self.importance = nn.ModuleDict({_key(s.name): CausalImportance(C, d_gate, generator) for s in sites})
         self.reads = dict(reads)
 

@@ -36,6 +36,7 @@ from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+SPD_INITS = ("scaled", "paper-era")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class SPDConfig:
     """Rank-one subcomponents per decomposed weight."""
     d_gate: int = 16
     """GELU hidden units of each subcomponent's causal-importance MLP."""
+    init: str = "scaled"
+    """Subcomponent initialisation: "scaled" (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``, as the current SPD
+    reference: the summed weight starts with entry std ``1/sqrt(d_in)``) or "paper-era" (the reference of the
+    paper's time, June 2025: ``V_c ~ N(0, 1/d_out)``, same ``U``; entry std ``1/sqrt(d_out)``)."""
     steps: int = 40_000
     """Optimiser steps."""
     batch_size: int = 4096
@@ -99,6 +104,8 @@ class SPDConfig:
             raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
         if not isinstance(self.compile, bool):
             raise TypeError(f"compile must be a bool, got {self.compile!r}")
+        if self.init not in SPD_INITS:
+            raise ValueError(f"init must be one of {SPD_INITS}, got {self.init!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         t = self.targets
@@ -212,7 +219,8 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
         model = copy.deepcopy(model).to(dtype)
     sites = resolve_sites(model, cfg.targets)
     reads = resolve_reads(model, sites, dict(cfg.reads))
-    dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed))
+    dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed),
+                        init=cfg.init)
     dec.to(device=dev, dtype=dtype)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     model.requires_grad_(False)
