@@ -81,6 +81,10 @@ def capture_reads(model: nn.Module, reads: Mapping[str, str]) -> Iterator[dict[s
             h.remove()
 
 
+#: Subcomponent initialisations (see :class:`Decomposition`).
+SPD_INITS = ("scaled", "paper-era")
+
+
 class Decomposition(nn.Module):
     """Subcomponents (``components``, APD :class:`Components` with ``m = 1``) and one :class:`CausalImportance`
     per site (``importance[site]``), with ``reads`` (from :func:`resolve_reads`).
@@ -94,8 +98,8 @@ class Decomposition(nn.Module):
     def __init__(self, sites: Sequence[Site], C: int, d_gate: int, reads: Mapping[str, str],
                  generator: torch.Generator | None = None, init: str = "scaled"):
         super().__init__()
-        if init not in ("scaled", "paper-era"):
-            raise ValueError(f"init must be 'scaled' or 'paper-era', got {init!r}")
+        if init not in SPD_INITS:
+            raise ValueError(f"init must be one of {SPD_INITS}, got {init!r}")
         self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator)
         if init == "paper-era":
             with torch.no_grad():

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mlpinterp.apd.components import resolve_sites, target_weight
-from mlpinterp.spd.decomposition import Decomposition, resolve_reads
+from mlpinterp.spd.decomposition import SPD_INITS, Decomposition, resolve_reads
 from mlpinterp.spd.losses import (
     faithfulness_loss,
     importance_minimality_loss,
@@ -36,7 +36,6 @@ from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-SPD_INITS = ("scaled", "paper-era")
 
 
 @dataclass(frozen=True)
