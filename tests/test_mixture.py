@@ -386,3 +386,44 @@ def test_too_large_degree_says_what_fits():
     with pytest.raises(ValueError, match="use method='cg'"):
         fit_mixture(random_net("relu", 120, rng), GaussianMixture(np.ones(1), np.zeros((1, 120)), np.eye(120)[None]),
                     2, method="dense")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype):
+    # _apply_fused reuses one product buffer over the components and symmetrises in place (memory, issue 12):
+    # the values must be exactly those of the out-of-place formula it replaced.
+    from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+    from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
+
+    rng = np.random.default_rng(46)
+    mix = random_mixture(9, rng, weights=(0.4, 0.3, 0.0, 0.3), ranks=[9, 4, 9, 9])
+    op = _MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", dtype)
+    wd = op.work_dtype
+    gen = torch.Generator().manual_seed(1)
+    A = torch.randn(3, 9, 9, generator=gen, dtype=wd)
+    c, b, A = torch.randn(3, generator=gen, dtype=wd), torch.randn(3, 9, generator=gen, dtype=wd), A + A.transpose(1, 2)
+    g0, g1, g2 = op.apply((c, b, A))
+    # the replaced code: a fresh product per component, 0.5 * (g2 + g2^T) out of place
+    o, r = b.shape
+    pi, m, S = op.pi_t, op.m, op.S
+    AM = torch.matmul(A, m.T)
+    e0 = c[:, None] + b @ m.T + torch.einsum("ork,kr->ok", AM, m) + A.reshape(o, r * r) @ S.reshape(-1, r * r).T
+    ev = torch.einsum("okr,krs->oks", b[:, None, :] + 2 * AM.transpose(1, 2), S)
+    pe0 = e0 * pi
+    ref = (pe0 @ op.Q.reshape(-1, r * r)).reshape(o, r, r)
+    W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)
+    ref += W
+    ref += W.transpose(1, 2)
+    A2 = A.reshape(o * r, r).to(dtype)
+    for k, pk in enumerate(op.pi):
+        if pk == 0.0:
+            continue
+        Y = (A2 @ op.S_gemm[k]).reshape(o, r, r)
+        if dtype == torch.bfloat16:
+            ref.add_(torch.bmm(op.S_gemm[k].expand(o, r, r), Y), alpha=2.0 * pk)
+        else:
+            ref.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)
+    if dtype != torch.float64:
+        ref = 0.5 * (ref + ref.transpose(1, 2))
+    assert torch.equal(g2, ref)
+    assert torch.equal(g0, pe0.sum(1))

@@ -238,25 +238,32 @@ class _MixtureOperator:
         W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
         g2 += W
         g2 += W.transpose(1, 2)
+        del W  # memory: at most g2 and one [o, r, r] product buffer (reused over k) live in the GEMM loop
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
             Sg = self.S_gemm
             A2 = A.reshape(o * r, r).to(self.dtype)
+            Y = torch.empty_like(A2)
+            Z = torch.empty(o, r, r, dtype=self.dtype, device=A2.device)
             for k, pk in enumerate(self.pi):
                 if pk == 0.0:
                     continue
-                Y = (A2 @ Sg[k]).reshape(o, r, r)  # A S_k
-                g2.add_(torch.bmm(Sg[k].expand(o, r, r), Y), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+                torch.mm(A2, Sg[k], out=Y)  # A S_k
+                torch.bmm(Sg[k].expand(o, r, r), Y.view(o, r, r), out=Z)
+                g2.add_(Z, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+            del A2, Y, Z
             # rounding breaks the symmetry of S_k A S_k; keep CG on symmetric A (the polynomial's coefficients):
             # on a non-symmetric A this operator (b' = b + 2 A m) is not self-adjoint
-            return g0, g1, 0.5 * (g2 + g2.transpose(1, 2))
+            return g0, g1, _symmetrise_(g2)
         A2 = A.reshape(o * r, r)
+        Y = torch.empty_like(A2)
         for k, pk in enumerate(self.pi):
             if pk == 0.0:
                 continue
-            Y = (A2 @ S[k]).reshape(o, r, r)  # A S_k
-            g2.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+            torch.mm(A2, S[k], out=Y)  # A S_k
+            g2.baddbmm_(S[k].expand(o, r, r), Y.view(o, r, r), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+        del Y
         if self.dtype != torch.float64:  # see above: the operator is self-adjoint on symmetric A only
-            g2 = 0.5 * (g2 + g2.transpose(1, 2))
+            g2 = _symmetrise_(g2)
         return g0, g1, g2
 
     def precondition(self, g):
@@ -275,6 +282,12 @@ class _MixtureOperator:
         sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
         A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
         return sol[:, 0], g1.clone(), A
+
+
+def _symmetrise_(g2):
+    """``0.5 * (g2 + g2^T)`` per output, in place (one [o, r, r] temporary instead of two; the same values)."""
+    g2 += g2.transpose(1, 2).contiguous()
+    return g2.mul_(0.5)
 
 
 def _dot(x, y):
