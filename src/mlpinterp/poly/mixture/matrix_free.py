@@ -381,7 +381,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     explained_k = explained0.clone()
     mnorm = 0.0  # the largest |M p| / |p| seen: a lower bound on ||M||
     best, best_it = np.inf, 0  # reduced precision: the sweep ends when the recurrence stagnates at the rounding level
-    Pp = Qp = lamp = None  # the previous block, its M P and <p_j, M p_j>
+    Pp = Qp = Hinv = None  # the previous block (orthonormal), M applied to it, and the pseudo-inverse of its Gram
     while it < maxiter:
         run = live & ~frozen
         idx = torch.nonzero(run).flatten()
@@ -391,26 +391,30 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
         n_active.append(int(idx.numel()))
         Z = _flat(precondition(_unflat(R.index_select(0, idx), r)))  # [s, n]
         if Pp is not None:  # M-orthogonal to the previous block (and, in exact arithmetic, to all earlier ones)
-            Z = Z - ((Z @ Qp.T) / lamp) @ Pp
+            Z -= ((Z @ Qp.T) @ Hinv) @ Pp
+        # an orthonormal basis of the block from the Gram of the unit-normalised directions: s x s arithmetic, then
+        # one product with Z (memory: the block's [s, n] tensors are rotated only in s x s coefficients below)
         zn = Z.norm(dim=1)
-        Z = Z[zn > 0] / zn[zn > 0, None]
-        w, V = torch.linalg.eigh(Z @ Z.T)
+        if not bool((zn > 0).all()):
+            Z, zn = Z[zn > 0], zn[zn > 0]
+        w, V = torch.linalg.eigh((Z @ Z.T) / torch.outer(zn, zn))
         keep = w > dep * w[-1] if w.numel() else w > 0
-        Z = (V[:, keep] / w[keep].sqrt()).T @ Z  # an orthonormal basis of the block
-        if Z.shape[0] == 0:
+        if not bool(keep.any()):
             stop = "stalled"
             break
+        Z = ((V[:, keep] / w[keep].sqrt()) / zn[:, None]).T @ Z
         Q = _flat(_apply_cast(op, _unflat(Z, r)))
         H = Z @ Q.T
+        # the block's energy eigen-directions z_j = U_j^T Z (<z_i, M z_j> = lam_i delta_ij, |z_j| = 1) stay
+        # implicit; |M z_j| from the s x s Gram of Q
         lam, U = torch.linalg.eigh(0.5 * (H + H.T))
-        Z, Q = U.T @ Z, U.T @ Q  # <z_i, M z_j> = lam_i delta_ij, |z_j| = 1
-        qn = Q.norm(dim=1)
+        qn = torch.einsum("ij,ik,kj->j", U, Q @ Q.T, U).clamp(min=0).sqrt()
         mnorm = max(mnorm, float(qn.max()))
         neg = lam < -tau * qn
         if bool(neg.any()) and not low and verify is not None and verify is not op:
             # float32 near its attainable accuracy: M z is rounding noise; the float64 operator decides
             jdx = torch.nonzero(neg).flatten()
-            Zn = Z.index_select(0, jdx).to(torch.float64)
+            Zn = (U[:, jdx].T @ Z).to(torch.float64)
             lam64 = (Zn * _flat(verify.apply(_unflat(Zn, r)))).sum(1)
             # rounding of <z, M z> is ~ eps ||M|| |z|^2 (on a null direction |M z| itself is rounding)
             bad = lam64 < -100 * verify.rounding * mnorm
@@ -425,16 +429,17 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
                 f"this: retry with dtype=torch.float64"
             )
         ok = lam > tau * qn  # null directions (reached by rounding) carry no step
-        Z, Q, lam = Z[ok], Q[ok], lam[ok]
-        if Z.shape[0] == 0:
+        U, lam = U[:, ok], lam[ok]
+        if lam.numel() == 0:
             stop = "stalled"
             break
-        PR = Z @ R.T  # [s, o]
+        PR = U.T @ (Z @ R.T)  # [directions, o]: <z_j, r_o>
         alpha = (PR / lam[:, None]) * run.to(PR.dtype)  # frozen outputs take no step
-        D += alpha.T @ Z
-        R -= alpha.T @ Q
+        C = U @ alpha  # [s, o]: the step in the orthonormal basis Z
+        D += C.T @ Z
+        R -= C.T @ Q
         gain = (alpha * PR).sum(0)  # [o] energy decrease per output
-        Pp, Qp, lamp = Z, Q, lam[None, :]
+        Pp, Qp, Hinv = Z, Q, (U / lam) @ U.T
         it += 1
         gains.append(gain)
         explained_k = explained_k + gain
@@ -443,7 +448,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
         residuals.append(rel)
         explained.append(float(explained_k.sum()))
         bar.advance()
-        bar.postfix(rel_residual=rel, outputs=int(run.sum()), directions=int(Z.shape[0]))
+        bar.postfix(rel_residual=rel, outputs=int(run.sum()), directions=int(lam.numel()))
         if rel <= tol:
             stop = "residual"
             break
@@ -613,7 +618,10 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
     for _ in range(max_sweeps):
         # E[f^2] - E[(f - p)^2] - E[f]^2 per output (the constant feature has E[1 * f] = E[f])
         explained0 = _dot(x, rhs) + _dot(x, res) - rhs[0] ** 2
-        unfreeze = frozen & (true_rel > residual_tol) & (true_rel > tol)  # the true residual disagrees: go on
+        # an output stays frozen only if its true residual meets the rule on its own (its error estimate from when
+        # it was frozen); one frozen on its recurrence's residual can be above tol in truth: go on
+        own_est = torch.where(explained0 > 0, frozen_err / torch.where(explained0 > 0, explained0, 1.0), torch.inf)
+        unfreeze = frozen & (true_rel > tol) & ((true_rel > residual_tol) | (own_est > fvu_tol))
         if bool((frozen & ~unfreeze).all()):  # another sweep with every output frozen: reopen the unconverged
             unfreeze = frozen & (true_rel > tol)
         frozen &= ~unfreeze
