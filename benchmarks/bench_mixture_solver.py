@@ -169,11 +169,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(f"git archive {args.baseline_rev} src | tar -x -C {tmp}", shell=True, check=True,
                            cwd=Path(__file__).parent.parent)
-            extra = {}
+            second = {}  # the second checkpoint's network, for the baseline's warm start
             if args.baseline_warm:
-                extra = dict(W1b=net2.W1, b1b=net2.b1, W2b=net2.W2, b2b=net2.b2)
+                second = dict(W1b=net2.W1, b1b=net2.b1, W2b=net2.W2, b2b=net2.b2)
             np.savez(f"{tmp}/problem.npz", W1=net.W1, b1=net.b1, W2=net.W2, b2=net.b2, weights=mix.weights,
-                     means=mix.means, covs=mix.covs, **extra)
+                     means=mix.means, covs=mix.covs, **second)
             env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": str(args.threads)}
             subprocess.run([sys.executable, "-c", _BASELINE_SNIPPET, f"{tmp}/problem.npz", f"{tmp}/sol.npz",
                             f"{tmp}/info.json", args.baseline_dtype, str(args.threads)], env=env, check=True)

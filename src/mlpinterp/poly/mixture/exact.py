@@ -7,6 +7,7 @@ support coordinates of ``coordinates.py``.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -230,9 +231,9 @@ _OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Blocks of at least this many bytes are mmapped by glibc's malloc (and unmapped when freed); see ``_fixed_mmap_threshold``.
 MMAP_THRESHOLD = 4 * 2**20
-_MALLOC_TUNED: list = []
 
 
+@functools.cache
 def _fixed_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (once per process); True when it is set.
 
@@ -244,18 +245,15 @@ def _fixed_mmap_threshold() -> bool:
     fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the adjustment off) returns each tensor's
     pages when it is freed. No-op (False) without glibc, or when the environment sets ``MALLOC_MMAP_THRESHOLD_``.
     """
-    if not _MALLOC_TUNED:
-        ok = False
-        try:
-            import ctypes
-            import os
+    import ctypes
+    import os
 
-            if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-                ok = bool(ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD = -3
-        except (OSError, AttributeError):
-            ok = False
-        _MALLOC_TUNED.append(ok)
-    return _MALLOC_TUNED[0]
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD = -3
+    except (OSError, AttributeError):
+        return False
 
 
 def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> _MixtureOperator:

@@ -459,7 +459,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             break
         if len(gains) >= window:
             recent = torch.stack(gains[-window:]).sum(0)  # [o]; 0 for outputs frozen in the whole window
-            est_o = torch.where(explained_k > 0, recent / torch.where(explained_k > 0, explained_k, 1.0), torch.inf)
+            est_o = _per_output_fvu(recent, explained_k)
             by_tol = ~frozen & (rel_o <= tol)
             newly = by_tol | (~frozen & (rel_o <= residual_tol) & (est_o <= fvu_tol))
             # the window's sum estimates the error of `window` steps ago: block CG can pass from a large error to a
@@ -474,6 +474,14 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             stop = "refine"
             break
     return _unflat(D, r), stop, it, residuals, explained, n_active
+
+
+def _per_output_fvu(energy, explained):
+    """Per-output ``energy / explained`` ``[o]`` (an excess-FVU estimate), ``inf`` where nothing is explained yet."""
+    import torch
+
+    pos = explained > 0
+    return torch.where(pos, energy / torch.where(pos, explained, 1.0), torch.inf)
 
 
 def _fvu_estimate(energy, explained) -> float | None:
@@ -620,7 +628,7 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         explained0 = _dot(x, rhs) + _dot(x, res) - rhs[0] ** 2
         # an output stays frozen only if its true residual meets the rule on its own (its error estimate from when
         # it was frozen); one frozen on its recurrence's residual can be above tol in truth: go on
-        own_est = torch.where(explained0 > 0, frozen_err / torch.where(explained0 > 0, explained0, 1.0), torch.inf)
+        own_est = _per_output_fvu(frozen_err, explained0)
         unfreeze = frozen & (true_rel > tol) & ((true_rel > residual_tol) | (own_est > fvu_tol))
         if bool((frozen & ~unfreeze).all()):  # another sweep with every output frozen: reopen the unconverged
             unfreeze = frozen & (true_rel > tol)
