@@ -4,7 +4,8 @@
         [--presets paper quick] [--threads 1]
 
 For each setting and preset it prints SPD's ms/step and µs/sample (with the causal-importance MLPs through
-``torch.compile``, the presets' default, and in eager mode: their ratio, measured side by side), APD's at its own preset of the same toy (where
+``torch.compile``, the presets' default, and in eager mode: their ratio, measured side by side; and with every row
+through the importance MLPs instead of the all-zero rows once, ``importance.SKIP_ZERO_ROWS``), APD's at its own preset of the same toy (where
 APD has one), their ratio per step and per sample, and the extrapolation of SPD to the preset's full step count.
 The machine's load average is printed with every row (a shared CPU inflates every number).
 """
@@ -24,7 +25,7 @@ from mlpinterp.experiments.apd import PRESETS as APD_PRESETS
 from mlpinterp.experiments.apd import QUICK as APD_QUICK
 from mlpinterp.experiments.apd import setting_spec
 from mlpinterp.experiments.spd import SETTINGS, spd_config
-from mlpinterp.spd import decompose
+from mlpinterp.spd import decompose, importance
 from mlpinterp.toys import RESID_PRESETS, TMS, TMS_PRESETS, as_linears, build_resid_mlp, step_generator, with_identity
 
 
@@ -52,12 +53,16 @@ def measure(name: str, quick: bool, steps: int) -> dict:
     spec = setting_spec(name.removesuffix("-id"))
     full = spd_config(name, quick, 0)
     sample = lambda step: spec.sample(full.batch_size, step_generator(0, step))
-    spd = {c: _time(lambda n, c=c: decompose(model, sample, spd_config(name, quick, 0, steps=n, log_every=10**9,
-                                                                       compile=c), quiet=True), steps)
-           for c in (False, True)}
+    run = lambda n, c: decompose(model, sample, spd_config(name, quick, 0, steps=n, log_every=10**9, compile=c),
+                                 quiet=True)
+    spd = {c: _time(lambda n, c=c: run(n, c), steps) for c in (False, True)}
+    importance.SKIP_ZERO_ROWS = False  # every row through the MLPs, as before the zero-row path
+    every_row = _time(lambda n: run(n, True), steps)
+    importance.SKIP_ZERO_ROWS = True
     sec = spd[True]
     row = {"setting": name, "batch_size": full.batch_size, "C": full.C, "spd_ms_per_step": 1e3 * sec,
            "spd_eager_ms_per_step": 1e3 * spd[False], "compile_speedup": spd[False] / sec,
+           "spd_every_row_ms_per_step": 1e3 * every_row, "zero_row_speedup": every_row / sec,
            "spd_us_per_sample": 1e6 * sec / full.batch_size, "preset_steps": full.steps,
            "spd_preset_minutes": sec * full.steps / 60}
     if name in APD_PRESETS:
@@ -89,7 +94,9 @@ def main() -> None:
                    f"{row['ratio_per_step']:.2f}x per step, {row['ratio_per_sample']:.2f}x per sample"
                    if "apd_ms_per_step" in row else " | APD: no preset")
             print(f"{name:13s} {preset:5s} SPD {row['spd_ms_per_step']:.1f} ms/step at batch {row['batch_size']} "
-                  f"(eager {row['spd_eager_ms_per_step']:.1f}: compile {row['compile_speedup']:.2f}x) "
+                  f"(eager {row['spd_eager_ms_per_step']:.1f}: compile {row['compile_speedup']:.2f}x; every row "
+                  f"through the importance MLPs {row['spd_every_row_ms_per_step']:.1f}: zero-row path "
+                  f"{row['zero_row_speedup']:.2f}x) "
                   f"(C = {row['C']}; {row['spd_preset_minutes']:.1f} min for {row['preset_steps']} steps){apd}; "
                   f"load {row['load_average']}", flush=True)
     print(json.dumps(rows))

@@ -129,6 +129,32 @@ def test_compiled_causal_importance_matches_eager_values_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("zero_share", [0.0, 0.77, 1.0])
+def test_zero_rows_evaluated_once_give_the_same_values_and_gradients(compile, zero_share):
+    """The hot path evaluates the MLPs once for all all-zero rows of h (sparse toys' empty inputs): outputs and every
+    gradient equal the plain formula :func:`_scalar_mlps` on every row (batch 1000 > the 512 rows where it starts)."""
+    from mlpinterp.spd.importance import _scalar_mlps
+
+    gen = torch.Generator().manual_seed(4)
+    ci = CausalImportance(6, 5, gen)
+    with torch.no_grad():
+        ci.b1.normal_(generator=gen)
+        ci.b2.normal_(generator=gen)
+    h = torch.randn(1000, 6, generator=gen) * (torch.rand(1000, 1, generator=gen) >= zero_share)
+    h.requires_grad_(True)
+    w = torch.randn(1000, 6, generator=gen)
+    grads = []
+    for fast in (True, False):
+        for t in (h, *ci.parameters()):
+            t.grad = None
+        out = ci(h, compile=compile) if fast else _scalar_mlps(h, ci.w1, ci.b1, ci.w2, ci.b2)
+        (out * w).sum().backward()
+        grads.append([out.detach()] + [t.grad.clone() for t in (h, *ci.parameters())])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_inner_acts_are_V_times_the_target_input_of_each_site():
     model = Tiny()
     dec = _dec(model, ["lin1", "lin2"])
@@ -141,18 +167,116 @@ def test_inner_acts_are_V_times_the_target_input_of_each_site():
     torch.testing.assert_close(h["lin2"], acts["lin2"] @ dec.V("lin2").T)
 
 
-def test_paper_era_init_rescales_V_to_one_over_d_out():
-    """init="paper-era": the same draws with V scaled by sqrt(d_in / d_out) (V_c ~ N(0, 1/d_out)); U unchanged."""
+def test_paper_era_init_projects_the_target_on_random_unit_directions():
+    """init="paper-era" (the reference's init_Vs_and_Us_ of June 2025): V_c, U_c / |U_c| unit vectors, and each
+    subcomponent the Frobenius projection of W on the unit rank-one direction u_c v_c^T: P_c = <W, u v^T> u v^T."""
     model = nn.Sequential()
-    model.add_module("wide", nn.Linear(400, 10))  # d_in 400, d_out 10
+    model.add_module("wide", nn.Linear(40, 6))
     sites = resolve_sites(model, ["wide"])
-    a, b = (Decomposition(sites, 50, 4, {"wide": "wide"}, generator=torch.Generator().manual_seed(0), init=i)
-            for i in ("scaled", "paper-era"))
-    torch.testing.assert_close(b.U("wide"), a.U("wide"))
-    torch.testing.assert_close(b.V("wide"), a.V("wide") * math.sqrt(400 / 10))
-    assert abs(float(b.V("wide").std()) * math.sqrt(10) - 1) < 0.05
+    W = model.wide.weight.detach()
+    dec = Decomposition(sites, 300, 4, {"wide": "wide"}, generator=torch.Generator().manual_seed(0),
+                        init="paper-era", target_weights={"wide": W})
+    U, V = dec.U("wide").detach().double(), dec.V("wide").detach().double()  # [6, C], [C, 40]
+    torch.testing.assert_close(V.norm(dim=1), torch.ones(300, dtype=torch.float64))
+    u = U / U.norm(dim=0, keepdim=True)
+    for c in range(0, 300, 37):
+        direction = torch.outer(u[:, c], V[c])  # unit Frobenius norm
+        want = (W.double() * direction).sum() * direction
+        torch.testing.assert_close(torch.outer(U[:, c], V[c]), want, rtol=1e-5, atol=1e-7)
+        assert abs(float(((W.double() - want) * direction).sum())) < 1e-6  # the residual is orthogonal to it
+    # directions uniform on the sphere: v_1^2 ~ Beta(1/2, (d - 1)/2), mean 1/d, variance 2(d - 1)/(d^2 (d + 2))
+    se = math.sqrt(2 * 39 / (40**2 * 42) / 300)
+    assert abs(float((V[:, 0] ** 2).mean()) - 1 / 40) < 5 * se
+    assert stats.kstest(V[:, 0].numpy() ** 2, stats.beta(0.5, 39 / 2).cdf).pvalue > 1e-3
+    with pytest.raises(ValueError, match="pass target_weights"):
+        Decomposition(sites, 5, 4, {"wide": "wide"}, init="paper-era")
     with pytest.raises(ValueError, match="init must be"):
         Decomposition(sites, 50, 4, {"wide": "wide"}, init="xavier")
+
+
+# ------------------------------------------------------------------------------------------------- tying
+def _tied_dec(model, init="scaled", seed=1):
+    sites = resolve_sites(model, model.target_names())
+    W = {s.name: model.get_submodule(s.name).weight.detach() for s in sites}
+    return Decomposition(sites, 4, 3, resolve_reads(model, sites), torch.Generator().manual_seed(seed), init=init,
+                         tied={"linear2": "linear1"}, target_weights=W)
+
+
+def test_tied_sites_share_subcomponents_transposed_with_their_own_masks(tms52_target):
+    """linear2's subcomponents are linear1's transposed and own no parameters; the masked forward with a separate
+    mask per site equals the per-sample weights built by hand; the gradient of the shared factors is the sum of an
+    untied copy's gradients through both uses."""
+    model = as_linears(with_identity(tms52_target))
+    model.requires_grad_(False)
+    dec = _tied_dec(model)
+    torch.testing.assert_close(dec.U("linear2"), dec.V("linear1").T)
+    torch.testing.assert_close(dec.V("linear2"), dec.U("linear1").T)
+    assert not any("linear2" in k for k, _ in dec.components.named_parameters())
+    assert {k for k in dec.importance} == {"linear1", "identity", "linear2"}  # each site its own importances
+    x = sparse_features(6, 5, 0.5, generator=step_generator(0, 0))
+    masks = _masks(dec, 6)
+    target = model(x)
+    got = stochastic_recon_loss(model, dec.components, x, masks, target)
+    U1, V1 = dec.U("linear1").detach(), dec.V("linear1").detach()
+    Ui, Vi = dec.U("identity").detach(), dec.V("identity").detach()
+    ys = []
+    for b in range(6):
+        W1 = sum(masks["linear1"][b, c] * torch.outer(U1[:, c], V1[c]) for c in range(4))
+        W2 = sum(masks["linear2"][b, c] * torch.outer(V1[c], U1[:, c]) for c in range(4))  # (U_c V_c^T)^T
+        Ib = sum(masks["identity"][b, c] * torch.outer(Ui[:, c], Vi[c]) for c in range(4))
+        ys.append(torch.relu(W2 @ (Ib @ (W1 @ x[b])) + model.linear2.bias))
+    torch.testing.assert_close(got, ((torch.stack(ys) - target) ** 2).mean(), rtol=1e-5, atol=1e-7)
+    # gradients: an untied decomposition holding the same values at both sites
+    untied = Decomposition(dec.sites, 4, 3, dec.reads)
+    with torch.no_grad():
+        for s in dec.sites:
+            for a, b in zip(untied.components.factors(s), dec.components.factors(s), strict=True):
+                a.copy_(b)
+    got.backward()
+    stochastic_recon_loss(model, untied.components, x, masks, target).backward()
+    A1, B1 = dec.components.factors("linear1")
+    (uA1, uB1), (uA2, uB2) = untied.components.factors("linear1"), untied.components.factors("linear2")
+    torch.testing.assert_close(A1.grad, uA1.grad + uB2.grad.transpose(1, 2))
+    torch.testing.assert_close(B1.grad, uB1.grad + uA2.grad.transpose(1, 2))
+
+
+def test_tied_paper_era_init_initialises_the_source_only(tms52_target):
+    model = as_linears(tms52_target)
+    dec = _tied_dec(model, init="paper-era")
+    W = tms52_target.W.detach()
+    U, V = dec.U("linear1").detach(), dec.V("linear1").detach()
+    u = U / U.norm(dim=0, keepdim=True)
+    torch.testing.assert_close(U.norm(dim=0), (u * (W @ V.T)).sum(0).abs())  # |U_c| = |u_c^T W v_c|
+    torch.testing.assert_close(dec.components.weights()["linear2"], dec.components.weights()["linear1"].transpose(1, 2))
+
+
+def test_bad_tying_raises_clear_errors(tms52_target):
+    model = as_linears(tms52_target)
+    sites = resolve_sites(model, ["linear1", "linear2"])
+    reads = resolve_reads(model, sites)
+    W = {s.name: model.get_submodule(s.name).weight.detach() for s in sites}
+    with pytest.raises(ValueError, match="not 'linear1''s transposed"):
+        Decomposition(sites, 3, 2, reads, tied={"linear2": "linear1"}, target_weights={**W, "linear2": W["linear2"] + 0.1})
+    with pytest.raises(ValueError, match="are not sites"):
+        Decomposition(sites, 3, 2, reads, tied={"linear2": "nope"})
+    with pytest.raises(ValueError, match="not to itself or to another tied site"):
+        Decomposition(sites, 3, 2, reads, tied={"linear2": "linear2"})
+    with pytest.raises(ValueError, match="not to itself or to another tied site"):
+        Decomposition(sites, 3, 2, reads, tied={"linear2": "linear1", "linear1": "linear2"})
+    with pytest.raises(TypeError, match="tied must be a mapping"):
+        Decomposition(sites, 3, 2, reads, tied=[("linear1", "linear2")])
+    tiny = Tiny()
+    tsites = resolve_sites(tiny, ["lin1", "lin2"])
+    with pytest.raises(ValueError, match="only a weight and its transpose can share components"):
+        Decomposition(tsites, 3, 2, resolve_reads(tiny, tsites), tied={"lin2": "lin1"})
+    with pytest.raises(ValueError, match="tied: the target weight of 'linear2' is not 'linear1''s transposed"):
+        other = as_linears(tms52_target)
+        with torch.no_grad():
+            other.linear2.weight.mul_(2)
+        decompose(other, lambda s: torch.rand(8, 5), SPDConfig(targets=("linear1", "linear2"), steps=1, batch_size=8,
+                                                                tied=(("linear1", "linear2"),)), quiet=True)
+    with pytest.raises(ValueError, match="tied to one source only"):
+        SPDConfig(targets=("a", "b", "c"), tied=(("a", "c"), ("b", "c")))
 
 
 # ---------------------------------------------------------------------------------- losses vs hand
@@ -229,12 +353,15 @@ def test_tied_parameter_site_masks_both_uses_and_identity_site():
 
 
 # ------------------------------------------------------------------------------------------ ground truth
-def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tms52_target):
+@pytest.mark.parametrize("tied", [False, True])
+def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tms52_target, tied):
     """TMS as linear1 (W) + linear2 (W^T): subcomponent c of linear1 is W[:, c] e_c^T (important iff x_c != 0), of
-    linear2 e_c W[:, c]^T (importance 1 on every input)."""
+    linear2 e_c W[:, c]^T (importance 1 on every input): with tied sites, linear1's transposed."""
     model = as_linears(with_identity(tms52_target))
     model.requires_grad_(False)
     dec = _dec(model, model.target_names(), C=5, d_gate=4)
+    if tied:
+        dec = Decomposition(dec.sites, 5, 4, dec.reads, tied={"linear2": "linear1"})
     W = tms52_target.W.detach()
     with torch.no_grad():
         gt = {"linear1": (W.T[:, :, None], torch.eye(5)[:, None, :]),
@@ -242,8 +369,12 @@ def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tm
               "identity": (torch.eye(5, 2)[:, :, None], torch.eye(5, 2)[:, None, :])}  # I = e_1 e_1^T + e_2 e_2^T
         for site, (U, V) in gt.items():
             A, B = dec.components.factors(site)
-            A.copy_(U)
-            B.copy_(V)
+            if tied and site == "linear2":  # shared with linear1, set above: already the ground truth
+                torch.testing.assert_close(A, U)
+                torch.testing.assert_close(B, V)
+            else:
+                A.copy_(U)
+                B.copy_(V)
             ci = dec.importance[site]
             ci.w1.zero_(), ci.b1.zero_(), ci.w2.zero_(), ci.b2.zero_()
         dec.importance["linear1"].w1[:, 0] = 100.0  # gamma_c(h) = gelu(100 h): >= 10 for h >= 0.1, 0 at h = 0
@@ -288,6 +419,7 @@ def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tm
     (dict(targets="W"), TypeError, "targets must be a non-empty tuple"),
     (dict(importance_minimality_coeff=-1.0), ValueError, "importance_minimality_coeff"),
     (dict(reads=(("W",),)), TypeError, "reads must be a tuple of"),
+    (dict(tied=("linear1", "linear2")), TypeError, "tied must be a tuple of"),
     (dict(init="xavier"), ValueError, "init must be one of"),
 ])
 def test_bad_configs_raise_clear_errors(kw, exc, msg):

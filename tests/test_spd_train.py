@@ -50,9 +50,10 @@ def test_short_tms_run_lowers_losses_and_finds_the_features(tms52_target):
     assert all(p.requires_grad for p in model.parameters())  # restored
 
 
-def test_resume_is_bit_identical(tms52_target, tmp_path):
+@pytest.mark.parametrize("kw", [{}, dict(tied=(("linear1", "linear2"),), init="paper-era")])
+def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
     model = as_linears(tms52_target)
-    cfg = _tms_cfg()
+    cfg = _tms_cfg(**kw)
     full = decompose(model, _sample, cfg, quiet=True)
 
     class Stop(Exception):
@@ -74,6 +75,21 @@ def test_resume_is_bit_identical(tms52_target, tmp_path):
     assert [e["total"] for e in full.history] == [e["total"] for e in resumed.history]
     with pytest.raises(ValueError, match="different configuration \\(fields \\['C'\\]\\)"):
         decompose(model, _sample, with_overrides(cfg, C=9), out_dir=tmp_path, quiet=True)
+
+
+def test_tied_paper_era_run_lowers_losses_and_stays_tied(tms52_target):
+    """The TMS preset's form (linear2 tied to linear1, the reference's paper-era initialisation): losses fall and
+    linear2's subcomponents stay linear1's transposed through training. (Whether it finds the features is measured
+    at the presets' budgets, docs/spd.md: a test-sized run is far from converged.)"""
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(steps=200, log_every=25, C=10, tied=(("linear1", "linear2"),), init="paper-era")
+    res = decompose(model, lambda s: _sample(s, 512), cfg, quiet=True)
+    h = res.history
+    for key in ("stochastic_recon", "layerwise_recon", "total"):  # it starts nearer: each subcomponent a projection
+        assert np.mean([e[key] for e in h[-3:]]) < 0.75 * np.mean([e[key] for e in h[:2]]), key
+    P = res.decomposition.components.weights()
+    torch.testing.assert_close(P["linear2"], P["linear1"].transpose(1, 2))
+    assert mmcs_ml2r(tms52_target.W, P["linear1"])[0] > 0.95
 
 
 def test_float64_run_and_seed_determinism(tms52_target):

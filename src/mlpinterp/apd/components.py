@@ -113,6 +113,31 @@ def reference_rank(d_out: int, d_in: int) -> int:
     return min(d_out, d_in) + 1
 
 
+def _check_tied(sites: Sequence[Site], tied: Mapping[str, str] | None,
+                m: int | None | Mapping[str, int]) -> dict[str, str]:
+    """Validated ``{tied site: source site}`` (see :class:`Components`)."""
+    if tied is None:
+        return {}
+    if not isinstance(tied, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tied.items()):
+        raise TypeError(f"tied must be a mapping tied site name -> source site name (str), got {tied!r}")
+    by_name = {s.name: s for s in sites}
+    for dst, src in tied.items():
+        unknown = [n for n in (dst, src) if n not in by_name]
+        if unknown:
+            raise ValueError(f"tied: {unknown} are not sites; sites: {list(by_name)}")
+        if dst == src or src in tied:
+            raise ValueError(f"tied: {dst!r} -> {src!r}: a site can only be tied to a site that holds its own factors "
+                             f"(not to itself or to another tied site); tied: {dict(tied)}")
+        a, b = by_name[dst], by_name[src]
+        if (a.d_out, a.d_in) != (b.d_in, b.d_out):
+            raise ValueError(f"tied: {dst!r} has shape [{a.d_out}, {a.d_in}] but {src!r} transposed is "
+                             f"[{b.d_in}, {b.d_out}]; only a weight and its transpose can share components")
+        if isinstance(m, Mapping) and dst in m and m.get(src, None) != m[dst]:
+            raise ValueError(f"tied: m[{dst!r}] = {m[dst]} differs from its source's m[{src!r}] = {m.get(src)}; a tied "
+                             "site has its source's inner rank")
+    return dict(tied)
+
+
 class Components(nn.Module):
     """``C`` parameter components, factored per site with inner rank ``m``.
 
@@ -137,11 +162,19 @@ class Components(nn.Module):
         ``init="reference"``.
     generator
         Optional ``torch.Generator`` for the initialisation.
+    tied
+        ``{site: source site}``: ``site`` owns no factors; its components are the source's transposed
+        (``A[site] = B[source]^T``, ``B[site] = A[source]^T``, so ``P[c, site] = P[c, source]^T``), for two uses of one
+        weight written as two matrices (TMS's ``linear1`` = ``W`` and ``linear2`` = ``W^T``, tied this way in the SPD
+        reference implementation). Gradients of both uses reach the source's factors.
+
+    Raises ``ValueError`` for ``C < 1``, a bad ``m``, ``init`` or ``instances``, and for ``tied`` entries that name
+    unknown sites, a site tied to itself or to a tied site, or shapes that are not transposes.
     """
 
     def __init__(self, sites: Sequence[Site], C: int, m: int | None | Mapping[str, int] = None,
                  init_scale: float = 1.0, generator: torch.Generator | None = None, init: str = "scaled",
-                 instances: int = 3):
+                 instances: int = 3, tied: Mapping[str, str] | None = None):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
@@ -163,10 +196,11 @@ class Components(nn.Module):
             if unknown:
                 raise ValueError(f"m names unknown sites {unknown}; sites: {[s.name for s in sites]}")
         self.sites = list(sites)
+        self.tied = _check_tied(self.sites, tied, m)
         self.C = C
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
-        for s in self.sites:
+        for s in self.owned_sites:
             ms = m.get(s.name) if isinstance(m, Mapping) else m
             ms = min(s.d_out, s.d_in) if ms is None else ms
             if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
@@ -181,9 +215,17 @@ class Components(nn.Module):
             self.A[_key(s.name)] = nn.Parameter(A)
             self.B[_key(s.name)] = nn.Parameter(B)
 
+    @property
+    def owned_sites(self) -> list[Site]:
+        """The sites that hold their own factors (all but the ``tied`` ones)."""
+        return [s for s in self.sites if s.name not in self.tied]
+
     def factors(self, site: Site | str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(A, B)`` of ``site``: ``[C, d_out, m]`` and ``[C, m, d_in]``."""
+        """``(A, B)`` of ``site``: ``[C, d_out, m]`` and ``[C, m, d_in]`` (views of the source's for a tied site)."""
         name = site.name if isinstance(site, Site) else site
+        if isinstance(name, str) and name in self.tied:
+            A, B = self.factors(self.tied[name])
+            return B.transpose(1, 2), A.transpose(1, 2)
         if not isinstance(name, str) or _key(name) not in self.A:
             raise ValueError(f"site {name!r} is not a site of these components; sites: {[s.name for s in self.sites]}")
         return self.A[_key(name)], self.B[_key(name)]
@@ -211,8 +253,9 @@ class Components(nn.Module):
 
     @torch.no_grad()
     def normalize_B_(self) -> None:
-        """Rescale every row of every ``B`` to unit norm over ``d_in`` (paper App. D.2, resid-MLP-1)."""
-        for s in self.sites:
+        """Rescale every row of every ``B`` to unit norm over ``d_in`` (paper App. D.2, resid-MLP-1); tied sites
+        are left to their source."""
+        for s in self.owned_sites:
             B = self.factors(s)[1]
             B.div_(B.norm(dim=-1, keepdim=True).clamp_min(1e-12))
 

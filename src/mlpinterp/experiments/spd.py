@@ -63,8 +63,12 @@ APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, pa
                            "(n = 1, quick preset)"}
 APD_PAPER = {"tms-5-2": "MMCS 0.998 ± 0.000, ML2R 0.893 ± 0.004", "tms-40-10": "MMCS 0.996 ± 0.003, ML2R 0.935 ± 0.001"}
 
+# TMS as the SPD reference decomposes it: linear2's subcomponents are linear1's transposed (tied), each site with its
+# own causal importances, and the reference's initialisation of the paper's time (each subcomponent the target's
+# projection on random unit directions); both measured in docs/spd.md
 _TMS = dict(C=20, d_gate=16, steps=40_000, batch_size=4096, lr=1e-3, lr_schedule="cosine",
-            importance_minimality_coeff=3e-3, pnorm=1.0, log_every=500, checkpoint_every=2000, compile=True)
+            importance_minimality_coeff=3e-3, pnorm=1.0, log_every=500, checkpoint_every=2000, compile=True,
+            tied=(("linear1", "linear2"),), init="paper-era")
 _TMS40 = dict(_TMS, C=200, importance_minimality_coeff=1e-4, pnorm=2.0, checkpoint_every=500)
 _RESID = dict(d_gate=16, batch_size=2048, lr_schedule="constant", pnorm=2.0, log_every=500, checkpoint_every=500,
               compile=True)

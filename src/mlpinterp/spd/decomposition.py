@@ -7,7 +7,9 @@ as APD components of inner rank one (:class:`mlpinterp.apd.Components` with ``m 
 ``B[s][c] = V_c^T``), so APD's forward with per-site coefficients
 (:func:`mlpinterp.apd.run_with_components`) is the masked forward of SPD, and APD's faithfulness loss and MMCS /
 ML2R apply unchanged. Unlike APD, the subcomponents of different sites are independent: site ``s`` subcomponent
-``c`` has its own causal importance and mask.
+``c`` has its own causal importance and mask. Two sites whose target weights are transposes of each other can share
+their subcomponents (``tied``: TMS's ``linear2 = linear1^T``, tied this way by the SPD reference implementation);
+each still has its own causal importances and masks.
 
 The causal importance of site ``s`` reads the activation ``a_s`` that ``W_s`` multiplies in the *target*: the input
 of the ``nn.Linear`` itself, and for a parameter site the input of the module named in ``reads`` (``""``: the
@@ -85,28 +87,69 @@ def capture_reads(model: nn.Module, reads: Mapping[str, str]) -> Iterator[dict[s
 SPD_INITS = ("scaled", "paper-era")
 
 
+def check_tied_weights(weights: Mapping[str, torch.Tensor], tied: Mapping[str, str], rtol: float = 1e-6) -> None:
+    """``ValueError`` unless the target weight of every tied site equals its source's transposed (to ``rtol`` of the
+    largest entry): sharing subcomponents is only faithful for a weight and its transpose."""
+    for dst, src in tied.items():
+        a, b = weights[dst], weights[src].T
+        scale = float(b.abs().max()) if b.numel() else 0.0
+        if a.shape != b.shape or float((a - b).abs().max()) > rtol * max(scale, 1e-30):
+            gap = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
+            raise ValueError(f"tied: the target weight of {dst!r} is not {src!r}'s transposed (largest difference "
+                             f"{gap:.3g}, shapes {list(a.shape)} and {list(b.shape)}); tie only sites whose weights "
+                             "are transposes of each other (TMS's linear1 and linear2)")
+
+
 class Decomposition(nn.Module):
     """Subcomponents (``components``, APD :class:`Components` with ``m = 1``) and one :class:`CausalImportance`
     per site (``importance[site]``), with ``reads`` (from :func:`resolve_reads`).
 
-    ``init``: ``"scaled"`` (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``) or ``"paper-era"`` (the SPD reference
-    implementation of June 2025: ``V_c ~ N(0, 1/d_out)``; the same draws rescaled by ``sqrt(d_in / d_out)``).
+    ``init``: ``"scaled"`` (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``; the current SPD reference's scale) or
+    ``"paper-era"`` (the SPD reference implementation at the paper's time, June 2025, whose ``init_Vs_and_Us_``
+    overwrote the random factors: ``V_c`` and ``U_c`` uniform random unit vectors, then ``U_c`` scaled by the overlap
+    ``U_c^T W V_c`` with the target weight, so each subcomponent starts as the projection of ``W`` on ``U_c V_c^T``;
+    needs ``target_weights``).
 
-    Raises ``ValueError`` for ``C < 1``, ``d_gate < 1`` or another ``init`` (and what :class:`Components` raises).
+    ``tied``: ``{site: source site}`` sharing subcomponents transposed (:class:`Components`); their target weights
+    must be transposes of each other (checked by :func:`check_tied_weights` when ``target_weights`` are given).
+
+    Raises ``ValueError`` for ``C < 1``, ``d_gate < 1``, another ``init``, ``"paper-era"`` without
+    ``target_weights``, or a bad ``tied`` (and what :class:`Components` raises).
     """
 
     def __init__(self, sites: Sequence[Site], C: int, d_gate: int, reads: Mapping[str, str],
-                 generator: torch.Generator | None = None, init: str = "scaled"):
+                 generator: torch.Generator | None = None, init: str = "scaled",
+                 tied: Mapping[str, str] | None = None, target_weights: Mapping[str, torch.Tensor] | None = None):
         super().__init__()
         if init not in SPD_INITS:
             raise ValueError(f"init must be one of {SPD_INITS}, got {init!r}")
-        self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator)
+        if init == "paper-era" and target_weights is None:
+            raise ValueError("init='paper-era' scales each subcomponent by its overlap with the target weight: pass "
+                             "target_weights ({site: [d_out, d_in]})")
+        self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator, tied=tied)
+        if target_weights is not None:
+            missing = [s.name for s in sites if s.name not in target_weights]
+            if missing:
+                raise ValueError(f"target_weights lacks sites {missing}")
+            check_tied_weights(target_weights, self.components.tied)
         if init == "paper-era":
-            with torch.no_grad():
-                for s in sites:
-                    self.components.factors(s)[1].mul_((s.d_in / s.d_out) ** 0.5)
+            self._overlap_init_(target_weights, generator)
         self.importance = nn.ModuleDict({_key(s.name): CausalImportance(C, d_gate, generator) for s in sites})
         self.reads = dict(reads)
+
+    @torch.no_grad()
+    def _overlap_init_(self, target_weights: Mapping[str, torch.Tensor], generator: torch.Generator | None) -> None:
+        """``V_c``, ``U_c`` random unit vectors, ``U_c <- (U_c^T W V_c) U_c`` on every site that owns its factors."""
+        for s in self.components.owned_sites:
+            A, B = self.components.factors(s)  # [C, d_out, 1], [C, 1, d_in]
+            V = torch.randn(B.shape, generator=generator, dtype=B.dtype)
+            U = torch.randn(A.shape, generator=generator, dtype=A.dtype)
+            V /= V.norm(dim=-1, keepdim=True)
+            U /= U.norm(dim=1, keepdim=True)
+            W = target_weights[s.name].detach().to(device="cpu", dtype=A.dtype)
+            overlap = torch.einsum("co,oi,ci->c", U[:, :, 0], W, V[:, 0, :])
+            A.copy_(U * overlap[:, None, None])
+            B.copy_(V)
 
     @property
     def sites(self) -> list[Site]:

@@ -50,10 +50,15 @@ class SPDConfig:
     """Rank-one subcomponents per decomposed weight."""
     d_gate: int = 16
     """GELU hidden units of each subcomponent's causal-importance MLP."""
+    tied: tuple[tuple[str, str], ...] = ()
+    """(source, tied) site pairs whose target weights are transposes of each other (TMS: linear1 = W, linear2 = W^T):
+    the tied site's subcomponents are the source's transposed (U and V swapped), as in the SPD reference
+    implementation; each site keeps its own causal importances and masks."""
     init: str = "scaled"
     """Subcomponent initialisation: "scaled" (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``, as the current SPD
     reference: the summed weight starts with entry std ``1/sqrt(d_in)``) or "paper-era" (the reference of the
-    paper's time, June 2025: ``V_c ~ N(0, 1/d_out)``, same ``U``; entry std ``1/sqrt(d_out)``)."""
+    paper's time, June 2025: ``U_c``, ``V_c`` random unit vectors and ``U_c`` scaled by ``U_c^T W V_c``, each
+    subcomponent starting as the target's projection on it)."""
     steps: int = 40_000
     """Optimiser steps."""
     batch_size: int = 4096
@@ -110,12 +115,16 @@ class SPDConfig:
         t = self.targets
         if isinstance(t, str) or not isinstance(t, (tuple, list)) or not t or not all(isinstance(v, str) for v in t):
             raise TypeError(f"targets must be a non-empty tuple of module/parameter names (str), got {t!r}")
-        r = self.reads
-        if isinstance(r, str) or not isinstance(r, (tuple, list)) or not all(
-                isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in r):
-            raise TypeError(f"reads must be a tuple of (site, module) string pairs, got {r!r}")
+        for name, what in (("reads", "(site, module)"), ("tied", "(source site, tied site)")):
+            r = getattr(self, name)
+            if isinstance(r, str) or not isinstance(r, (tuple, list)) or not all(
+                    isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in r):
+                raise TypeError(f"{name} must be a tuple of {what} string pairs, got {r!r}")
+            object.__setattr__(self, name, tuple(tuple(p) for p in r))
+        tied_sites = [p[1] for p in self.tied]
+        if len(set(tied_sites)) != len(tied_sites):
+            raise ValueError(f"tied: a site can be tied to one source only, got {self.tied!r}")
         object.__setattr__(self, "targets", tuple(t))
-        object.__setattr__(self, "reads", tuple(tuple(p) for p in r))
 
 
 @dataclass
@@ -201,8 +210,8 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     Raises
     ------
     ValueError
-        On unknown targets or ``reads``, an unavailable device, a batch the model rejects, or a checkpoint written
-        with another configuration.
+        On unknown targets, ``reads`` or ``tied`` sites, tied sites whose target weights are not transposes, an
+        unavailable device, a batch the model rejects, or a checkpoint written with another configuration.
     """
     if not isinstance(cfg, SPDConfig):
         raise TypeError(f"cfg must be an SPDConfig, got {type(cfg).__name__}")
@@ -218,12 +227,12 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
         model = copy.deepcopy(model).to(dtype)
     sites = resolve_sites(model, cfg.targets)
     reads = resolve_reads(model, sites, dict(cfg.reads))
+    target_weights = {s.name: target_weight(model, s).detach() for s in sites}
     dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed),
-                        init=cfg.init)
+                        init=cfg.init, tied={dst: src for src, dst in cfg.tied}, target_weights=target_weights)
     dec.to(device=dev, dtype=dtype)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     model.requires_grad_(False)
-    target_weights = {s.name: target_weight(model, s).detach() for s in sites}
     opt = torch.optim.Adam(dec.parameters(), lr=cfg.lr)
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
     start, history, prev = 0, [], 0.0
