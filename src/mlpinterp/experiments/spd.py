@@ -97,7 +97,8 @@ QUICK: dict[str, dict] = {
     "tms-40-10-id": dict(steps=2000, batch_size=512, log_every=100),
     # 20k steps at batch 256: 562 s at load 0.5-2.2 (1 thread), W_in 96 of 100 features with exactly one subcomponent
     # (5k steps: 42 of 100, 150 s); W_out 86 used, not one co-active group (docs/spd.md)
-    # tried and not better (docs/spd.md): init="paper-era" (45 of 100 at 10k steps) and batch 1024 x 6k steps (64 of 100)
+    # tried and not better (docs/spd.md): V ~ N(0, 1/d_out) (45 of 100 at 10k steps), batch 1024 x 6k steps (64 of
+    # 100) and init="paper-era" (the reference's target projections: 96 of 100, W_out co-activity 0.30 against 0.32)
     "resid-mlp-1": dict(steps=20_000, batch_size=256, log_every=1000),
     # measured 0.49 s/step at batch 256 and 1.2 s/step at batch 128 (C = 500, d_gate 128) at load 10: pipeline checks
     "resid-mlp-2": dict(steps=2000, batch_size=128, log_every=100),
@@ -377,6 +378,11 @@ def render_report(result: dict) -> str:
              f"{result['device']}; torch threads {result['threads']}; 1/5/15-min load average at the end "
              f"{result.get('load_average')}. Targets are the APD targets of the same seeds (same networks for both "
              "methods).", ""]
+    cfg = result["config"]
+    tied = "; ".join(f"{b} = {a}ᵀ" for a, b in cfg.get("tied", ()))
+    lines += [f"Subcomponents: C = {cfg['C']} per site, initialisation \"{cfg.get('init')}\""
+              + (f"; tied sites (one set of subcomponents, transposed, with separate causal importances and masks, "
+                 f"as the SPD reference ties TMS): {tied}" if tied else "") + ".", ""]
     if setting.startswith("tms"):
         ps = result["paper_statistic"]
         paper = PAPER[setting]
