@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mlpinterp.apd import resolve_sites
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.spd import PRESETS, QUICK, SETTINGS, reproduce, spd_config, spd_target
+from mlpinterp.experiments.spd import PRESETS, QUICK, SETTINGS, render_report, reproduce, spd_config, spd_target
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 
 torch.set_num_threads(1)
@@ -38,6 +38,9 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     n_fig = md.count("![")
     assert n_fig == 6 and page.count('<img src="data:image/png;base64,') == n_fig
     assert re.search(r"Failed seeds \(MMCS < 0.99\): \*\*\d of 2\*\*", md)
+    full = render_report({**m, "quick": False, "mmcs": [1.0, 1.0], "ml2r": [1.0, 1.0],
+                          "per_seed": [{**p, "mmcs": 1.0, "ml2r": 1.0} for p in m["per_seed"]]})
+    assert "Verdict: reproduced: 2 of 2 seeds" in full and "only 2 seeds run, too few to decide that goal" in full
     for f in ("losses.png", "components.png", "ci_per_feature.png", "decomposition.safetensors",
               "spd/checkpoint.safetensors"):
         assert (tmp_path / "seed0" / f).exists(), f
