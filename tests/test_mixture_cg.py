@@ -608,3 +608,29 @@ def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dt
     y32 = tuple(t.to(torch.float32) for t in y)
     got = _sub_into(x, tuple(t.clone() for t in y32))
     assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(got, _sub(x, y32), strict=True))
+
+
+@pytest.mark.parametrize("init", ["pooled", "zero"])
+def test_warm_state_is_consistent_after_a_warm_start(init):
+    # the solver keeps neither the anchor nor its residual through a warm-started solve (memory, issue 12) and
+    # rebuilds them for the state: M (x - anchor) must still be the stored m_correction, cold and warm
+    from mlpinterp.poly.mixture.matrix_free import _apply_cast
+
+    rng = np.random.default_rng(23)
+    d = 6
+    mix = _mixture(d, [6, 6, 6], rng, jitter=0.05)
+    net1 = _net(d, rng, d_out=3)
+    net2 = MLP(net1.W1 * 1.01, net1.b1, net1.W2, net1.b2, "gelu")
+    kw = dict(method="cg", tol=1e-10, fvu_tol=0.0, init=init, maxiter=500)
+    p1 = fit_mixture(net1, mix, 2, **kw)
+    p2 = fit_mixture(net2, mix, 2, warm_start=p1, **kw)
+    assert p2.solver_info["init"] == "warm" and "galerkin_start" in p2.solver_info
+    op = _operator(mix, coordinates_of(mix), "diagonal", torch.device("cpu"), torch.float64)
+    for p in (p1, p2):
+        st = p._cg_state
+        m = _apply_cast(op, st["correction"])
+        for a, b in zip(st["m_correction"], m, strict=True):
+            assert float((a - b).norm()) <= 1e-9 * max(float(b.norm()), 1e-300)
+    cold = fit_mixture(net2, mix, 2, **kw)
+    for k in range(3):
+        assert np.abs(p2.coefficients(k) - cold.coefficients(k)).max() <= 1e-6 * max(np.abs(cold.coefficients(k)).max(), 1)

@@ -334,11 +334,15 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
             x0, res0, start = as_t(t), None, "warm (plain start)"
     # memory (issue 12): the anchor is not kept through the solve (49 MB at MNIST scale; a cold start's x0 is the
-    # anchor itself) but built again for the correction below (the same deterministic values, 0.3 s)
+    # anchor itself) but built again for the correction below (the same deterministic values, 0.3 s); nor is its
+    # residual ra once a warm start has used it (recomputed below, the same values: one more operator application)
     del anchor
+    if res0 is not ra:
+        ra = None
     x, sinfo, res = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                          maxiter=maxiter, progress=progress, x0=x0, inner=inner, fallback=fallback, res0=res0,
                          return_residual=True)
+    del x0, res0  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
     if galerkin is not None:
         sinfo["galerkin_start"] = galerkin
     # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
@@ -363,9 +367,11 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
                 "one solution among many (a plain warm start adds its null component): warm-start from a "
                 "fit_mixture result under the same mixture for the canonical one"))
         )
+    anchor = anchor_of()
+    if ra is None:
+        ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
     m_correction = _sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
     del ra, res, rhs  # memory: not needed below (the right-hand side and residuals, 49 MB each at MNIST scale)
-    anchor = anchor_of()
     state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
              "correction": tuple((a - b).detach() for a, b in zip(x, anchor, strict=True)),  # fresh tensors
              "m_correction": m_correction}
