@@ -549,3 +549,88 @@ def test_fixed_mmap_threshold_returns_freed_tensor_pages():
     del a
     assert rss() - before < 4 * 2**20
     del pin
+
+
+# ------------------------------------------------------------------ memory (issue 12): the same values, fewer copies
+def test_operator_keeps_no_per_dtype_covariance_copies_and_its_views_are_the_old_values():
+    # the float64 operator shares the coordinates' covariances; a float32 one keeps no [K, r, r] copy of S or of
+    # Q = S + m m^T (both are built per application), and what it builds equals the tensors it used to keep
+    rng = np.random.default_rng(21)
+    mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
+    coords = coordinates_of(mix)
+    K, r = coords.covs.shape[:2]
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
+        wd = op.work_dtype
+        big = [k for k, v in vars(op).items() if isinstance(v, torch.Tensor) and v.numel() >= K * r * r
+               and v.dtype in (torch.float32, torch.float64) and k != "_S64"]
+        assert big == [], big
+        assert np.shares_memory(op._S64.numpy(), coords.covs)
+        S_old = torch.as_tensor(coords.covs, dtype=wd)
+        m = torch.as_tensor(coords.means, dtype=wd)
+        assert torch.equal(op.S, S_old) and torch.equal(op.Q, S_old + m[:, :, None] * m[:, None, :])
+        assert all(torch.equal(op._S_k(k), S_old[k]) for k in range(K))
+        assert torch.equal(op.S_gemm, S_old.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dtype):
+    from mlpinterp.poly.mixture.matrix_free import (
+        _apply_cast,
+        _apply_flat,
+        _flat,
+        _sub,
+        _sub_into,
+        _sym,
+        _sym_,
+        _unflat,
+    )
+
+    rng = np.random.default_rng(22)
+    mix = _mixture(7, [7, 3, 7], rng, jitter=0.05)
+    coords = coordinates_of(mix)
+    r = coords.r
+    op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
+    op64 = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    R = torch.randn(4, 1 + r + r * r, generator=gen, dtype=torch.float64)
+    for kind in ("diagonal", "pooled", "none"):
+        op64.kind = kind
+        assert torch.equal(op64.precondition_flat(R), _flat(op64.precondition(_unflat(R, r))))
+        assert torch.equal(op64.precondition_flat(R[1:3]), _flat(op64.precondition(_unflat(R.index_select(
+            0, torch.tensor([1, 2])), r))))
+    assert torch.equal(_apply_flat(op, R, r), _flat(_apply_cast(op, _unflat(R, r))))
+    x, y = _unflat(R[:2].clone(), r), _unflat(R[2:].clone(), r)
+    ref = _sym(_sub(x, y))
+    got = _sym_(_sub_into(x, tuple(t.clone() for t in y)))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+    # mixed dtypes (a bfloat16 sweep's float32 update of a float64 residual): promoted, not written into float32
+    y32 = tuple(t.to(torch.float32) for t in y)
+    got = _sub_into(x, tuple(t.clone() for t in y32))
+    assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(got, _sub(x, y32), strict=True))
+
+
+@pytest.mark.parametrize("init", ["pooled", "zero"])
+def test_warm_state_is_consistent_after_a_warm_start(init):
+    # the solver keeps neither the anchor nor its residual through a warm-started solve (memory, issue 12) and
+    # rebuilds them for the state: M (x - anchor) must still be the stored m_correction, cold and warm
+    from mlpinterp.poly.mixture.matrix_free import _apply_cast
+
+    rng = np.random.default_rng(23)
+    d = 6
+    mix = _mixture(d, [6, 6, 6], rng, jitter=0.05)
+    net1 = _net(d, rng, d_out=3)
+    net2 = MLP(net1.W1 * 1.01, net1.b1, net1.W2, net1.b2, "gelu")
+    kw = dict(method="cg", tol=1e-10, fvu_tol=0.0, init=init, maxiter=500)
+    p1 = fit_mixture(net1, mix, 2, **kw)
+    p2 = fit_mixture(net2, mix, 2, warm_start=p1, **kw)
+    assert p2.solver_info["init"] == "warm" and "galerkin_start" in p2.solver_info
+    op = _operator(mix, coordinates_of(mix), "diagonal", torch.device("cpu"), torch.float64)
+    for p in (p1, p2):
+        st = p._cg_state
+        m = _apply_cast(op, st["correction"])
+        for a, b in zip(st["m_correction"], m, strict=True):
+            assert float((a - b).norm()) <= 1e-9 * max(float(b.norm()), 1e-300)
+    cold = fit_mixture(net2, mix, 2, **kw)
+    for k in range(3):
+        assert np.abs(p2.coefficients(k) - cold.coefficients(k)).max() <= 1e-6 * max(np.abs(cold.coefficients(k)).max(), 1)

@@ -300,9 +300,15 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     rhs = op64.apply(None, components=comps)
     t_rhs = time.perf_counter()
     structure = op64.structure
-    # (the zero anchor only when it is used: a [o, r, r] float64 tensor, 49 MB at MNIST scale, live for the solve)
-    anchor = (as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled"
-              else tuple(torch.zeros_like(t) for t in rhs))
+
+    shapes = [t.shape for t in rhs]
+
+    def anchor_of():
+        # (the zero anchor only when it is used: a [o, r, r] float64 tensor, 49 MB at MNIST scale)
+        return (as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled"
+                else tuple(torch.zeros(s, dtype=torch.float64, device=dev) for s in shapes))
+
+    anchor = anchor_of()
     start = init
     # ra = rhs - M anchor (the anchor's residual; with it the solution's M (x - anchor) = ra - res costs nothing)
     ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
@@ -327,9 +333,16 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             t = tensors_in_u(warm_start, coords, warm_start.degree)
             t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
             x0, res0, start = as_t(t), None, "warm (plain start)"
+    # memory (issue 12): the anchor is not kept through the solve (49 MB at MNIST scale; a cold start's x0 is the
+    # anchor itself) but built again for the correction below (the same deterministic values, 0.3 s); nor is its
+    # residual ra once a warm start has used it (recomputed below, the same values: one more operator application)
+    del anchor
+    if res0 is not ra:
+        ra = None
     x, sinfo, res = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                          maxiter=maxiter, progress=progress, x0=x0, inner=inner, fallback=fallback, res0=res0,
                          return_residual=True)
+    del x0, res0  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
     if galerkin is not None:
         sinfo["galerkin_start"] = galerkin
     # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
@@ -354,14 +367,22 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
                 "one solution among many (a plain warm start adds its null component): warm-start from a "
                 "fit_mixture result under the same mixture for the canonical one"))
         )
+    anchor = anchor_of()
+    if ra is None:
+        ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
+    m_correction = _sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
+    del ra, res, rhs  # memory: not needed below (the right-hand side and residuals, 49 MB each at MNIST scale)
     state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
-             "correction": tuple((a - b).detach().clone() for a, b in zip(x, anchor, strict=True)),
-             "m_correction": _sub(ra, res)}  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
+             "correction": tuple((a - b).detach() for a, b in zip(x, anchor, strict=True)),  # fresh tensors
+             "m_correction": m_correction}
+    del anchor
     if not sinfo["converged"]:
         warnings.warn(
             f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "
             f"{sinfo['relative_residual']:.2e}, estimated excess FVU {sinfo['excess_fvu_estimate']}; stopped by "
             f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
     tensors_u = [t.detach().to("cpu", torch.float64).numpy() for t in x]
-    tensors_u[2] = 0.5 * (tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2))
+    sym = tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2)  # 0.5 (A + A^T), one temporary instead of two
+    sym *= 0.5
+    tensors_u[2] = sym
     return tensors_u, sinfo, state

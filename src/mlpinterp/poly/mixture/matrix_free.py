@@ -158,10 +158,11 @@ class _MixtureOperator:
         wd = self.work_dtype
         self.pi = [float(w) for w in weights]
         self.m = torch.as_tensor(coords.means, device=device, dtype=wd)
-        self.S = torch.as_tensor(coords.covs, device=device, dtype=wd)
-        self.S_gemm = self.S.to(dtype) if dtype != wd else self.S
+        # memory (issue 12): the covariances are kept once, in float64 (on the CPU the coordinates' own array, not a
+        # copy); a float32 operator casts them per application (``S``), and ``Q`` is built per application
+        self._S64 = torch.as_tensor(coords.covs, device=device, dtype=torch.float64)
+        self._S_gemm = self.S.to(dtype) if dtype != wd else None  # bfloat16 GEMM inputs, kept (half of float32)
         self.pi_t = torch.tensor(np.array(weights), device=device, dtype=wd)
-        self.Q = self.S + self.m[:, :, None] * self.m[:, None, :]  # E_k[u u^T]  [K, r, r]
         self.r = coords.r
         self.kind = preconditioner
         if like is not None:
@@ -196,6 +197,25 @@ class _MixtureOperator:
             self.Binv = torch.as_tensor(Binv, device=device, dtype=wd)
         self.n_apply = 0
 
+    @property
+    def S(self):
+        """The component covariances ``[K, r, r]`` in the working dtype (float32: a fresh cast of the float64 ones)."""
+        return self._S64.to(self.work_dtype)
+
+    def _S_k(self, k: int):
+        """``S[k]`` alone (the same values as ``self.S[k]``, without casting all K)."""
+        return self._S64[k].to(self.work_dtype)
+
+    @property
+    def S_gemm(self):
+        """The covariances as the GEMMs take them (bfloat16 for a bfloat16 operator, else ``S``)."""
+        return self._S_gemm if self._S_gemm is not None else self.S
+
+    @property
+    def Q(self):
+        """``E_k[u u^T] = S_k + m_k m_k^T``, ``[K, r, r]`` in the working dtype (built on each access)."""
+        return self.S + self.m[:, :, None] * self.m[:, None, :]
+
     def apply(self, theta, components=None):
         """sum_k pi_k M_k theta (``components``: per-component thetas, for the right-hand side, instead).
 
@@ -211,7 +231,7 @@ class _MixtureOperator:
             if pk == 0.0:
                 first = comp if out is None and first is None else first  # for the shapes of an all-zero answer
                 continue
-            g = _component_apply(*comp, self.m[k], self.S[k])
+            g = _component_apply(*comp, self.m[k], self._S_k(k))
             del comp
             out = [pk * t for t in g] if out is None else [o + pk * t for o, t in zip(out, g, strict=True)]
         return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in first)
@@ -224,7 +244,7 @@ class _MixtureOperator:
         """
         torch = self.torch
         o, r = b.shape
-        pi, m, S = self.pi_t, self.m, self.S
+        pi, m, S = self.pi_t, self.m, self.S  # S: float32, a cast of the float64 covariances, freed below
         AM = torch.matmul(A, m.T)  # [o, r, K]  A m_k
         mAm = torch.einsum("ork,kr->ok", AM, m)
         trAS = A.reshape(o, r * r) @ S.reshape(-1, r * r).T  # [o, K]
@@ -234,13 +254,16 @@ class _MixtureOperator:
         pe0 = e0 * pi  # [o, K]
         g0 = pe0.sum(1)
         g1 = pe0 @ m + torch.einsum("k,oks->os", pi, ev)
-        g2 = (pe0 @ self.Q.reshape(-1, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
+        Q = S + m[:, :, None] * m[:, None, :]  # E_k[u u^T]  [K, r, r] (``self.Q``)
+        del S
+        g2 = (pe0 @ Q.reshape(-1, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
+        del Q
         W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
         g2 += W
         g2 += W.transpose(1, 2)
         del W  # memory: at most g2 and one [o, r, r] product buffer (reused over k) live in the GEMM loop
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
-            Sg = self.S_gemm
+            Sg = self._S_gemm
             A2 = A.reshape(o * r, r).to(self.dtype)
             Y = torch.empty_like(A2)
             Z = torch.empty(o, r, r, dtype=self.dtype, device=A2.device)
@@ -259,12 +282,33 @@ class _MixtureOperator:
         for k, pk in enumerate(self.pi):
             if pk == 0.0:
                 continue
-            torch.mm(A2, S[k], out=Y)  # A S_k
-            g2.baddbmm_(S[k].expand(o, r, r), Y.view(o, r, r), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+            Sk = self._S_k(k)
+            torch.mm(A2, Sk, out=Y)  # A S_k
+            g2.baddbmm_(Sk.expand(o, r, r), Y.view(o, r, r), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
         del Y
         if self.dtype != torch.float64:  # see above: the operator is self-adjoint on symmetric A only
             g2 = _symmetrise_(g2)
         return g0, g1, g2
+
+    def precondition_flat(self, F):
+        """``_flat(precondition(_unflat(F)))`` for ``F [s, 1 + r + r^2]``, written into one new ``[s, n]`` tensor.
+
+        The same values as the tuple form; memory (issue 12): without the tuple's ``[s, r, r]`` part and its copy
+        into the flat block, one ``[s, n]`` tensor instead of three at the CG step's largest point.
+        """
+        torch = self.torch
+        r = self.r
+        if self.kind != "diagonal":
+            return _flat(self.precondition(_unflat(F, r)))
+        g0, g1, g2 = _unflat(F, r)
+        out = torch.empty_like(F)
+        c, b, A = _unflat(out, r)
+        torch.mul(g2, self.Finv, out=A)
+        sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
+        A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
+        c.copy_(sol[:, 0])
+        b.copy_(g1)
+        return out
 
     def precondition(self, g):
         """Apply the preconditioner (a PSD approximation of M^+; see module docstring)."""
@@ -298,6 +342,14 @@ def _dot(x, y):
 def _sub(x, y):
     """x - y, per output."""
     return tuple(a - b for a, b in zip(x, y, strict=True))
+
+
+def _sub_into(x, y):
+    """``x - y`` per output, written into ``y``'s tensors (``y`` must be fresh: an operator's answer; the same values
+    as ``_sub``, one ``[o, r, r]`` tensor fewer)."""
+    import torch
+
+    return tuple(torch.sub(a, b, out=b) if a.dtype == b.dtype else a - b for a, b in zip(x, y, strict=True))
 
 
 def _norm(theta):
@@ -350,7 +402,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     stays in ``P range(M)`` as with one CG per output (the same solution; module docstring).
 
     The CG vectors and recurrences stay in ``r0``'s dtype; only the operator applications run in ``op.dtype``.
-    ``precondition``: default ``op.precondition``. ``verify``: the float64 operator, which decides whether a float32
+    ``precondition``: the operator whose preconditioner is used (default ``op``). ``verify``: the float64 operator, which decides whether a float32
     direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (dropped). ``rhs_norm [o]``: norms of the
     original right-hand side; ``explained0 [o]``: variance explained by the outer iterate, per output; ``gains``:
     the per-output energy decreases ``[o]`` of all earlier steps (appended to).
@@ -366,7 +418,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
     low = op.dtype == torch.bfloat16
     tau = 100 * (torch.finfo(torch.float32).eps if low else op.rounding)
     dep = DEPENDENT_RTOL[_dtype_name(r0[0].dtype)]
-    precondition = precondition or op.precondition
+    precondition = (precondition or op).precondition_flat
     # the recurrence's residual drifts from the true one by the operator's rounding (times the condition number):
     # aim below tol, so that the true residual, which decides, meets it without another sweep
     tol = INNER_TOL_FACTOR * tol
@@ -389,9 +441,12 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             stop = "stalled"
             break
         n_active.append(int(idx.numel()))
-        Z = _flat(precondition(_unflat(R.index_select(0, idx), r)))  # [s, n]
+        Z = precondition(R if idx.numel() == R.shape[0] else R.index_select(0, idx))  # [s, n]
         if Pp is not None:  # M-orthogonal to the previous block (and, in exact arithmetic, to all earlier ones)
-            Z -= ((Z @ Qp.T) @ Hinv) @ Pp
+            coef = (Z @ Qp.T) @ Hinv
+            Qp = None  # memory (issue 12): the previous block is not used again, freed as soon as it is done with
+            Z -= coef @ Pp
+        Pp = None
         # an orthonormal basis of the block from the Gram of the unit-normalised directions: s x s arithmetic, then
         # one product with Z (memory: the block's [s, n] tensors are rotated only in s x s coefficients below)
         zn = Z.norm(dim=1)
@@ -403,7 +458,7 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             stop = "stalled"
             break
         Z = ((V[:, keep] / w[keep].sqrt()) / zn[:, None]).T @ Z
-        Q = _flat(_apply_cast(op, _unflat(Z, r)))
+        Q = _apply_flat(op, Z, r)
         H = Z @ Q.T
         # the block's energy eigen-directions z_j = U_j^T Z (<z_i, M z_j> = lam_i delta_ij, |z_j| = 1) stay
         # implicit; |M z_j| from the s x s Gram of Q
@@ -521,6 +576,12 @@ def _sym(theta):
     return theta[0], theta[1], 0.5 * (theta[2] + theta[2].transpose(1, 2))
 
 
+def _sym_(theta):
+    """``_sym`` in place (``theta``'s A is overwritten; the same values, one ``[o, r, r]`` temporary instead of two)."""
+    _symmetrise_(theta[2])
+    return theta
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -592,8 +653,22 @@ def galerkin_start(anchor, ra, basis, m_basis):
         return (C @ T[0], C @ T[1], (C @ T[2].reshape(T[2].shape[0], -1)).reshape(-1, *T[2].shape[1:]))
 
     x0 = tuple(a + b for a, b in zip(anchor, comb(basis), strict=True))
-    res0 = _sym(tuple(a - b for a, b in zip(ra, comb(m_basis), strict=True)))
+    res0 = _sym_(tuple(a - b for a, b in zip(ra, comb(m_basis), strict=True)))
     return x0, res0, C
+
+
+def _apply_flat(op: _MixtureOperator, Z, r: int):
+    """``_flat(_apply_cast(op, _unflat(Z, r)))``: the same values, the answer written into one new ``[s, n]`` tensor
+    (memory, issue 12: no second ``[s, r, r]`` copy in ``Z``'s dtype beside the flat block)."""
+    theta = _unflat(Z, r)
+    if op.work_dtype != Z.dtype:
+        theta = _cast(theta, op.work_dtype)
+    g = op.apply(theta)
+    del theta
+    out = Z.new_empty(Z.shape)
+    for dst, src in zip(_unflat(out, r), g, strict=True):
+        dst.copy_(src)
+    return out
 
 
 def _apply_cast(op: _MixtureOperator, theta):
@@ -645,29 +720,29 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
                                             explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                                             maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
-                                            precondition=inner.precondition if low else op64.precondition,
+                                            precondition=inner if low else op64,
                                             verify=op64)
         it += n
         residuals += rh
         explained += eh
         n_active += na
         if inner.dtype != torch.float64:  # rounding leaves an antisymmetric part in A, invisible to the polynomial
-            d = _sym(d)
+            d = _sym_(d)  # (d: views of the sweep's own correction)
         x_new = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
         prev = float(true_rel.max())
         exact_new = fallback is None
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
-            res_new = _sym(_sub(res, _apply_cast(fallback, d)))
+            res_new = _sym_(_sub_into(res, _apply_cast(fallback, d)))
             rel_o, rel = _rel(res_new, rhs_norm)
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
             exact_new = rel <= 1e-3 * ref
         if exact_new:
-            res_new = _sym(_sub(rhs, op64.apply(x_new)))
+            res_new = _sym_(_sub_into(rhs, op64.apply(x_new)))
             rel_o, rel = _rel(res_new, rhs_norm)
         est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
         converged = meets(rel, est)
         if converged and not exact_new:  # the decision is made on rhs - M x in float64 only
-            res_new = _sym(_sub(rhs, op64.apply(x_new)))
+            res_new = _sym_(_sub_into(rhs, op64.apply(x_new)))
             exact_new = True
             rel_o, rel = _rel(res_new, rhs_norm)
             converged = meets(rel, est)
@@ -697,7 +772,7 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
             break
     if not exact:  # the reported residual is always rhs - M x in float64
-        res = _sub(rhs, op64.apply(x))
+        res = _sub_into(rhs, op64.apply(x))
         true_rel, rel = _rel(res, rhs_norm)
         converged = meets(rel, est)
     info = {
