@@ -56,7 +56,8 @@ PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
 
 #: Our APD numbers on the same targets (docs/apd.md, measured on this project's CPU), and the APD paper's.
 APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, paper preset; 0 of 10 failed)",
-            "tms-40-10": "MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper preset; not reproduced)",
+            "tms-40-10": "MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper preset; not reproduced); with "
+                         "--fidelity reference MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 (n = 3; best of 3 0.997 / 0.935)",
             "resid-mlp-1": "100 distinct responsible components of 130; scrubbed MSE 6.9e-4, anti-scrubbed 2.3e-3 "
                            "(n = 1, quick preset)",
             "resid-mlp-2": "fails at the quick budget: 165 of 200 components dead, scrubbed ≈ anti-scrubbed "
