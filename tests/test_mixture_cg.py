@@ -594,8 +594,17 @@ def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dt
     op64 = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
     gen = torch.Generator().manual_seed(3)
     R = torch.randn(4, 1 + r + r * r, generator=gen, dtype=torch.float64)
+    g0, g1, g2 = _unflat(R, r)
+    eye = torch.eye(r, dtype=torch.float64)
+    A_pooled = 0.5 * (g2 - g0[:, None, None] * eye)
+    A_diag = g2 * op64.Finv  # the preconditioners written out (module docstring): the oracle of each kind
+    sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ op64.Binv
+    A_diag.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
+    expected = {"none": (g0, g1, g2), "pooled": (g0 - torch.diagonal(A_pooled, dim1=1, dim2=2).sum(1), g1, A_pooled),
+                "diagonal": (sol[:, 0], g1, A_diag)}
     for kind in ("diagonal", "pooled", "none"):
         op64.kind = kind
+        assert torch.equal(op64.precondition_flat(R), _flat(expected[kind]))
         assert torch.equal(op64.precondition_flat(R), _flat(op64.precondition(_unflat(R, r))))
         assert torch.equal(op64.precondition_flat(R[1:3]), _flat(op64.precondition(_unflat(R.index_select(
             0, torch.tensor([1, 2])), r))))

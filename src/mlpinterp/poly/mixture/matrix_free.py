@@ -291,41 +291,34 @@ class _MixtureOperator:
         return g0, g1, g2
 
     def precondition_flat(self, F):
-        """``_flat(precondition(_unflat(F)))`` for ``F [s, 1 + r + r^2]``, written into one new ``[s, n]`` tensor.
+        """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
+        (``_flat`` rows), written into one new ``[s, n]`` tensor of ``F``'s dtype.
 
-        The same values as the tuple form; memory (issue 12): without the tuple's ``[s, r, r]`` part and its copy
-        into the flat block, one ``[s, n]`` tensor instead of three at the CG step's largest point.
+        Memory (issue 12): no tuple with its own ``[s, r, r]`` part beside the flat block that CG needs.
         """
         torch = self.torch
         r = self.r
-        if self.kind != "diagonal":
-            return _flat(self.precondition(_unflat(F, r)))
         g0, g1, g2 = _unflat(F, r)
         out = torch.empty_like(F)
         c, b, A = _unflat(out, r)
-        torch.mul(g2, self.Finv, out=A)
-        sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
-        A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
-        c.copy_(sol[:, 0])
         b.copy_(g1)
+        if self.kind == "none":
+            c.copy_(g0)
+            A.copy_(g2)
+        elif self.kind == "pooled":
+            eye = torch.eye(r, dtype=g2.dtype, device=g2.device)
+            torch.mul(g2 - g0[:, None, None] * eye, 0.5, out=A)
+            c.copy_(g0 - torch.diagonal(A, dim1=1, dim2=2).sum(1))
+        else:  # "diagonal": exact on (c, diag A), Jacobi on the off-diagonal entries of A, exact on b
+            torch.mul(g2, self.Finv, out=A)
+            sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
+            A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
+            c.copy_(sol[:, 0])
         return out
 
     def precondition(self, g):
-        """Apply the preconditioner (a PSD approximation of M^+; see module docstring)."""
-        torch = self.torch
-        g0, g1, g2 = g
-        r = self.r
-        if self.kind == "none":
-            return g0.clone(), g1.clone(), g2.clone()
-        if self.kind == "pooled":
-            eye = torch.eye(r, dtype=g2.dtype, device=g2.device)
-            A = 0.5 * (g2 - g0[:, None, None] * eye)
-            return g0 - torch.diagonal(A, dim1=1, dim2=2).sum(1), g1.clone(), A
-        # "diagonal": exact on (c, diag A), Jacobi on the off-diagonal entries of A, exact on b
-        A = g2 * self.Finv
-        sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
-        A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
-        return sol[:, 0], g1.clone(), A
+        """:meth:`precondition_flat` on ``(c [s], b [s, r], A [s, r, r])``; the answer as views of one flat tensor."""
+        return _unflat(self.precondition_flat(_flat(g)), self.r)
 
 
 def _symmetrise_(g2):
