@@ -11,7 +11,15 @@ from typer.testing import CliRunner
 
 from mlpinterp.apd import APDConfig, Components, lr_at, reference_init_std, reference_rank, resolve_sites
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import apd_config, get_target, reference_overrides, reproduce
+from mlpinterp.experiments.apd import (
+    DEFAULT_FIDELITY,
+    apd_config,
+    default_fidelity,
+    get_target,
+    reference_overrides,
+    reproduce,
+)
+from mlpinterp.experiments.spd import spd_target
 from mlpinterp.toys import TMS, TMSConfig, save_toy, train_tms
 
 torch.set_num_threads(1)
@@ -47,9 +55,34 @@ def test_reference_rank_and_overrides():
         assert (cfg.m, cfg.init, cfg.weight_decay, cfg.lr_schedule) == (11, "reference", 0.0, "quarter_cosine")
         assert cfg.attribution_source == "target"
     assert apd_config("tms-5-2", False, 0, "reference").m == 3
-    assert apd_config("tms-40-10", False, 0).m is None  # "ours" is unchanged
+    assert apd_config("tms-40-10", False, 0, "ours").m is None  # "ours" is unchanged
     # an explicit override still wins over the fidelity
     assert apd_config("tms-40-10", True, 0, "reference", m=4).m == 4
+
+
+def test_default_fidelity_is_the_better_measured_one():
+    # issue 10, item 5: TMS 40-10 runs the reference's way by default (measured better, docs/apd.md), the rest ours
+    assert DEFAULT_FIDELITY == {"tms-40-10": "reference"}
+    assert default_fidelity("tms-40-10") == "reference"
+    for name in ("tms-5-2", "resid-mlp-1", "resid-mlp-2", "gated-trig"):
+        assert default_fidelity(name) == "ours"
+        assert apd_config(name, False, 0) == apd_config(name, False, 0, "ours")
+    assert apd_config("tms-40-10", False, 0) == apd_config("tms-40-10", False, 0, "reference")
+    assert apd_config("tms-40-10", False, 0) != apd_config("tms-40-10", False, 0, "ours")
+
+
+def test_spd_targets_keep_our_recipe_for_tms_40_10(tmp_path):
+    # SPD's TMS targets are trained at a constant lr (the SPD reference's recipe) whatever APD's default is
+    cfg = dict(n_features=40, d_hidden=10, steps=5, batch_size=32, n_instances=1)
+    model, info = train_tms(TMSConfig(**cfg), quiet=True)
+    save_toy(model, tmp_path / "ours" / "target", info)
+    spd_target("tms-40-10-id", 0, tmp_path / "ours" / "target.safetensors", True, True)  # loads
+    with pytest.raises(ValueError, match="lr_schedule='constant'.*fidelity='reference'"):
+        get_target("tms-40-10", 0, tmp_path / "ours" / "target.safetensors", True, True)  # APD's default refuses it
+    model, info = train_tms(TMSConfig(lr_schedule="linear", **cfg), quiet=True)
+    save_toy(model, tmp_path / "ref" / "target", info)
+    with pytest.raises(ValueError, match="lr_schedule='linear'.*fidelity='ours'"):
+        spd_target("tms-40-10", 0, tmp_path / "ref" / "target.safetensors", True, True)
 
 
 def test_quarter_cosine_schedule_by_hand():
@@ -76,8 +109,8 @@ def test_cli_reference_roundtrip_and_target_mismatch(tmp_path):
     cfg = TMSConfig(n_features=40, d_hidden=10, steps=100, batch_size=256, n_instances=1, lr_schedule="linear")
     model, info = train_tms(cfg, quiet=True)
     save_toy(model, tmp_path / "seed0" / "target", info)
-    args = ["reproduce", "apd", "--setting", "tms-40-10", "--seeds", "1", "--quick", "--quiet", "--steps", "20",
-            "--fidelity", "reference"]
+    # no --fidelity: TMS 40-10's default is the reference's way
+    args = ["reproduce", "apd", "--setting", "tms-40-10", "--seeds", "1", "--quick", "--quiet", "--steps", "20"]
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -89,8 +122,19 @@ def test_cli_reference_roundtrip_and_target_mismatch(tmp_path):
     other = tmp_path / "other"
     model, info = train_tms(TMSConfig(n_features=40, d_hidden=10, steps=10, batch_size=64, n_instances=1), quiet=True)
     save_toy(model, other / "seed0" / "target", info)
-    res = CliRunner().invoke(app, [*args, "--out", str(other)])
+    res = CliRunner().invoke(app, [*args, "--fidelity", "reference", "--out", str(other)])
     assert res.exit_code == 1 and "lr_schedule='constant'" in res.output and "Error" in res.output
+    # ... and accepted with --fidelity ours
+    res = CliRunner().invoke(app, [*args, "--fidelity", "ours", "--out", str(other)])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((other / "metrics.json").read_text())
+    assert metrics["fidelity"] == "ours" and metrics["config"]["m"] is None and metrics["config"]["init"] != "reference"
+
+
+def test_train_target_cli_fidelity(tmp_path):
+    res = CliRunner().invoke(app, ["apd", "train-target", "--setting", "resid-mlp-1", "--out", str(tmp_path / "t"),
+                                   "--fidelity", "reference", "--quick", "--quiet"])
+    assert res.exit_code == 1 and "defined for" in res.output and "Traceback" not in res.output
 
 
 def test_bad_fidelity_values(tmp_path):

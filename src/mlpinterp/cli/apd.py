@@ -1,7 +1,7 @@
 """CLI commands for the apd part of mlpinterp.
 
 - ``mlpinterp reproduce apd --setting tms-5-2 --seeds 3 --out DIR [--quick] [--quiet] [--steps N]
-  [--fidelity ours|reference]``
+  [--fidelity ours|reference]`` (default: reference for tms-40-10, ours elsewhere)
 - ``mlpinterp apd train-target --setting resid-mlp-1 --seed 0 --out target.safetensors [--quick]``
 """
 
@@ -32,14 +32,14 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     def reproduce_apd(
         setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
         out: Out = ..., seeds: Seeds = 3, quick: Quick = False, device: Device = "cpu", quiet: Quiet = False,
-        steps: Steps = None, lr: Lr = None, threads: Threads = 1, fidelity: FidelityOpt = "ours",
+        steps: Steps = None, lr: Lr = None, threads: Threads = 1, fidelity: FidelityOpt = None,
     ) -> None:
         """Train the target if needed, decompose it with APD, write figures, metrics.json, report.md and the
         self-contained report.html."""
         from mlpinterp.experiments.apd import reproduce
 
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
-                     fidelity=str(fidelity))
+                     fidelity=None if fidelity is None else fidelity.value)
         for k, (mu, sd) in result["summary"].items():
             typer.echo(f"{k:28s} {mu:.4g}" + (f" ± {sd:.2g}" if sd is not None else "") + f" (n = {seeds})")
         typer.echo(f"report: {out / 'report.html'}")
@@ -53,11 +53,16 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Path of the .safetensors file (a .json is written beside)."),
         quick: bool = typer.Option(False, "--quick", help="Reduced training recipe."),
         quiet: bool = typer.Option(False, "--quiet"),
+        fidelity: FidelityOpt = None,
     ) -> None:
-        """Train (or hand-code, for gated-trig) a toy target and save it atomically."""
+        """Train (or hand-code, for gated-trig) a toy target and save it atomically (TMS: the recipe of
+        ``--fidelity``, by default the one `reproduce apd` uses for the setting)."""
+        from mlpinterp.cli.errors import expected_errors
         from mlpinterp.experiments.apd import get_target
 
-        _, info = get_target(setting.value, seed, out.with_suffix(".safetensors"), quick, quiet)
+        with expected_errors("pass --fidelity ours (reference is defined for TMS only), or another --out"):
+            _, info = get_target(setting.value, seed, out.with_suffix(".safetensors"), quick, quiet,
+                                 None if fidelity is None else fidelity.value)
         typer.echo(f"saved {out.with_suffix('.safetensors')} (held-out loss {info.get('loss', float('nan')):.4g})")
 
     app.add_typer(apd_app, name="apd")

@@ -30,10 +30,11 @@ class Fidelity(StrEnum):
     reference = "reference"
 
 
-FidelityOpt = Annotated[Fidelity, typer.Option(
+FidelityOpt = Annotated[Fidelity | None, typer.Option(
     "--fidelity", help="ours: our presets; reference (TMS only): the APD reference implementation's way (inner rank "
                        "min(d_in, d_hidden) + 1, small 4-D Xavier init, no weight decay, cos(π/2 t/(T-1)) after "
-                       "warm-up, target trained at lr 5e-3 with linear decay).")]
+                       "warm-up, target trained at lr 5e-3 with linear decay). Default: the better one measured, "
+                       "reference for tms-40-10, ours elsewhere (docs/apd.md).", show_default=False)]
 
 
 def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool, steps: int | None,

@@ -100,6 +100,17 @@ QUICK: dict[str, dict] = {
 #: ``fidelity``: ``"ours"`` (the presets above) or ``"reference"`` (TMS only: the APD reference implementation's way).
 FIDELITIES = ("ours", "reference")
 
+#: The fidelity a setting runs at when none is given: the better one measured at the paper preset (issue 10, item 5;
+#: docs/apd.md). TMS 40-10: ``reference`` (MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 against ``ours`` 0.968 ± 0.009 /
+#: 0.882 ± 0.026, n = 3 each); TMS 5-2: ``ours`` (0.9983 / 0.8947, n = 10, the paper's row reproduced; ``reference``
+#: not run at the paper preset); every other setting has only ``ours``.
+DEFAULT_FIDELITY = {"tms-40-10": "reference"}
+
+
+def default_fidelity(name: str) -> str:
+    """The fidelity setting ``name`` runs at when none is given (:data:`DEFAULT_FIDELITY`, else ``"ours"``)."""
+    return DEFAULT_FIDELITY.get(name, "ours")
+
 
 def reference_overrides(name: str) -> dict:
     """APDConfig fields of ``fidelity="reference"`` for TMS setting ``name``: inner rank ``min(d_in, d_hidden) + 1``,
@@ -115,9 +126,14 @@ def reference_overrides(name: str) -> dict:
                 lr_schedule="quarter_cosine")
 
 
-def _check_fidelity(fidelity: str) -> None:
+def _resolve_fidelity(name: str, fidelity: str | None) -> str:
+    """``fidelity``, or the setting's default (:func:`default_fidelity`) for ``None``; ``ValueError`` for another
+    value."""
+    if fidelity is None:
+        return default_fidelity(name)
     if fidelity not in FIDELITIES:
         raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
+    return fidelity
 
 
 QUICK_TARGET = {"tms-5-2": {}, "tms-40-10": {}, "resid-mlp-1": dict(steps=2000, batch_size=1024),
@@ -147,12 +163,12 @@ def setting_spec(name: str) -> SettingSpec:
     raise ValueError(f"setting must be one of {SETTINGS} (or resid-mlp-3), got {name!r}")
 
 
-def apd_config(name: str, quick: bool, seed: int, fidelity: str = "ours", **overrides) -> APDConfig:
-    """The APD configuration of ``name`` (paper or quick preset, ``fidelity`` ``"ours"`` or ``"reference"``) with
-    ``seed`` and ``overrides`` applied."""
+def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, **overrides) -> APDConfig:
+    """The APD configuration of ``name`` (paper or quick preset, ``fidelity`` ``"ours"`` or ``"reference"``; ``None``:
+    the setting's default, :func:`default_fidelity`) with ``seed`` and ``overrides`` applied."""
     if name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
-    _check_fidelity(fidelity)
+    fidelity = _resolve_fidelity(name, fidelity)
     cfg = PRESETS[name]
     kw = dict(QUICK[name]) if quick else {}
     if fidelity == "reference":
@@ -165,12 +181,16 @@ def apd_config(name: str, quick: bool, seed: int, fidelity: str = "ours", **over
 
 
 def get_target(name: str, seed: int, path: Path, quick: bool, quiet: bool,
-               fidelity: str = "ours") -> tuple[nn.Module, dict]:
+               fidelity: str | None = None) -> tuple[nn.Module, dict]:
     """Load ``path`` if it exists, else train (or hand-code) the target of ``name`` and save it there.
 
-    ``fidelity="reference"`` trains a TMS target with the reference's recipe (lr 5e-3 decayed linearly to 0).
-    Raises ``ValueError`` when a TMS target at ``path`` was trained with the other recipe."""
-    _check_fidelity(fidelity)
+    ``fidelity="reference"`` trains a TMS target with the APD reference's recipe (lr 5e-3 decayed linearly to 0),
+    ``"ours"`` at a constant lr 5e-3 (the SPD reference's recipe); ``None``: the setting's default
+    (:func:`default_fidelity`). Raises ``ValueError`` when a TMS target at ``path`` was trained with the other
+    recipe, or for ``fidelity="reference"`` on a setting that is not TMS."""
+    fidelity = _resolve_fidelity(name, fidelity)
+    if fidelity == "reference":
+        reference_overrides(name)  # raises for a setting that is not TMS
     schedule = "linear" if fidelity == "reference" else "constant"
     if path.exists() and path.with_suffix(".json").exists():
         model, meta = load_toy(path)
@@ -315,13 +335,14 @@ SUMMARY_KEYS = ("mmcs", "ml2r", "gt_param_mmcs", "topk_mse", "scrubbed_mse", "an
 
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
               overrides: dict | None = None, n_eval: int = 4000, device: str | None = None,
-              fidelity: str = "ours") -> dict:
+              fidelity: str | None = None) -> dict:
     """Train (or load) targets, decompose with APD for ``seeds`` seeds, evaluate and write ``metrics.json``,
     ``report.md`` and the self-contained ``report.html`` (figures embedded).
 
     ``overrides`` replaces APDConfig fields of the preset; ``n_eval`` is the number of held-out evaluation samples;
     ``device`` is where the decomposition trains (evaluation runs on the CPU); ``fidelity="reference"`` runs TMS the
-    APD reference implementation's way (:func:`reference_overrides` and the reference's target recipe).
+    APD reference implementation's way (:func:`reference_overrides` and the reference's target recipe), ``"ours"``
+    our presets, ``None`` the setting's default (:data:`DEFAULT_FIDELITY`: ``reference`` for TMS 40-10).
 
     Returns the ``metrics.json`` content. Re-running resumes unfinished decompositions from their checkpoints.
 
@@ -334,7 +355,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    _check_fidelity(fidelity)
+    fidelity = _resolve_fidelity(setting, fidelity)
     if fidelity == "reference":
         reference_overrides(setting)  # raises for a setting that is not TMS
     out = Path(out)

@@ -3,7 +3,8 @@ report beside the paper's numbers and our APD numbers.
 
 Settings: ``tms-5-2``, ``tms-40-10``, ``tms-5-2-id``, ``tms-40-10-id`` (an identity layer between down- and
 up-projection), ``resid-mlp-1``, ``resid-mlp-2``, ``resid-mlp-3``. The targets are APD's (same recipe and seeds,
-:func:`mlpinterp.experiments.apd.get_target`), so the two methods decompose the same networks; TMS is decomposed in
+:func:`mlpinterp.experiments.apd.get_target`; TMS at APD's ``--fidelity ours`` recipe, constant lr 5e-3, which is the
+SPD reference's), so the two methods decompose the same networks; TMS is decomposed in
 its ``nn.Linear`` form (:func:`mlpinterp.toys.as_linears`: ``linear1`` = W, ``linear2`` = Wᵀ as in the reference).
 Per seed ``s`` the run directory holds ``seed{s}/target.safetensors``, ``seed{s}/spd/checkpoint.safetensors``
 (resumable), ``seed{s}/decomposition.safetensors`` and figures; the top level ``metrics.json``, ``report.md`` and a
@@ -56,8 +57,9 @@ PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
 
 #: Our APD numbers on the same targets (docs/apd.md, measured on this project's CPU), and the APD paper's.
 APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, paper preset; 0 of 10 failed)",
-            "tms-40-10": "MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper preset; not reproduced); with "
-                         "--fidelity reference MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 (n = 3; best of 3 0.997 / 0.935)",
+            "tms-40-10": "--fidelity ours (the targets SPD uses): MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper "
+                         "preset; not reproduced); --fidelity reference (APD's default for this setting, its own "
+                         "targets): MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 (n = 3; best of 3 0.997 / 0.935)",
             "resid-mlp-1": "100 distinct responsible components of 130; scrubbed MSE 6.9e-4, anti-scrubbed 2.3e-3 "
                            "(n = 1, quick preset)",
             "resid-mlp-2": "fails at the quick budget: 165 of 200 components dead, scrubbed ≈ anti-scrubbed "
@@ -141,9 +143,13 @@ def spd_config(name: str, quick: bool, seed: int, **overrides) -> SPDConfig:
 
 def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool) -> tuple[nn.Module, nn.Module, dict]:
     """``(toy, decomposed form, info)``: APD's target of the base setting (trained or loaded at ``path``), with the
-    identity inserted for the ``-id`` settings; TMS as its ``nn.Linear`` form."""
+    identity inserted for the ``-id`` settings; TMS as its ``nn.Linear`` form.
+
+    TMS targets are trained with our recipe (``fidelity="ours"``: lr 5e-3, constant), which is also the SPD
+    reference's, whatever APD's default for the setting is (TMS 40-10's APD default trains with linear decay)."""
     base = name.removesuffix("-id")
-    toy, info = get_target(base, seed, path, quick, quiet)  # the base TMS is saved; "+ID" inserts I on loading
+    # the base TMS is saved; "+ID" inserts I on loading
+    toy, info = get_target(base, seed, path, quick, quiet, fidelity="ours")
     if name.endswith("-id") and toy.identity is None:
         toy = with_identity(toy)
     return toy, (as_linears(toy) if base.startswith("tms") else toy), info
@@ -321,7 +327,8 @@ def check_same_target(apd: dict, out: Path, seed: int) -> None:
     theirs, _ = load_tensors(theirs_path)
     if sorted(ours) != sorted(theirs) or any(not torch.equal(ours[k], theirs[k]) for k in ours):
         raise ValueError(f"apd_run: seed {seed}'s target in {apd['dir']!r} differs from ours in {str(out)!r} (another "
-                         f"target recipe or --fidelity {apd.get('fidelity')!r}); compare runs on the same targets")
+                         f"target recipe or --fidelity {apd.get('fidelity')!r}); compare runs on the same targets: "
+                         f"SPD trains TMS targets with APD's `--fidelity ours` recipe (constant lr)")
 
 
 def compare_apd(apd: dict, seeds: int) -> dict:
