@@ -38,9 +38,14 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     n_fig = md.count("![")
     assert n_fig == 6 and page.count('<img src="data:image/png;base64,') == n_fig
     assert re.search(r"Failed seeds \(MMCS < 0.99\): \*\*\d of 2\*\*", md)
-    full = render_report({**m, "quick": False, "mmcs": [1.0, 1.0], "ml2r": [1.0, 1.0],
+    full = render_report({**m, "quick": False, "overrides": {}, "mmcs": [1.0, 1.0], "ml2r": [1.0, 1.0],
                           "per_seed": [{**p, "mmcs": 1.0, "ml2r": 1.0} for p in m["per_seed"]]})
     assert "Verdict: reproduced: 2 of 2 seeds" in full and "only 2 seeds run, too few to decide that goal" in full
+    custom = render_report({**m, "quick": False, "overrides": {"lr": 0.1}, "mmcs": [1.0, 1.0], "ml2r": [1.0, 1.0],
+                            "per_seed": [{**p, "mmcs": 1.0, "ml2r": 1.0} for p in m["per_seed"]]})
+    assert "preset overridden: lr = 0.1; not a reproduction" in custom and "Verdict: custom run" in custom
+    assert "Verdict: reproduced" not in custom
+    assert m["method"] == "spd" and m["overrides"] == {"steps": 10}
     for f in ("losses.png", "components.png", "ci_per_feature.png", "decomposition.safetensors",
               "spd/checkpoint.safetensors"):
         assert (tmp_path / "seed0" / f).exists(), f
@@ -48,7 +53,7 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "metrics.json").read_text())["mmcs"] == m["mmcs"]
     bad = CliRunner().invoke(app, _args(tmp_path, "--lr", "0.5"))
-    assert bad.exit_code == 1 and "Error:" in bad.output and "'lr'" in bad.output and "Fix:" in bad.output
+    assert bad.exit_code == 1 and "Error:" in bad.output and "'lr'" in bad.output and "checkpoint" in bad.output
     if not torch.cuda.is_available():
         nocuda = CliRunner().invoke(app, _args(tmp_path / "gpu", "--device", "cuda"))
         assert nocuda.exit_code == 1 and "CUDA is not available" in nocuda.output, nocuda.output
@@ -66,7 +71,8 @@ def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
             shutil.copy(spd_dir / f"seed{s}" / f, apd_dir / f"seed{s}" / f)
     per = [{"seed": 0, "mmcs": 0.998, "ml2r": 0.89, "max_cos": [0.998] * 5, "l2_ratio": [0.89] * 5},
            {"seed": 1, "mmcs": 0.95, "ml2r": 0.5, "max_cos": [0.95] * 5, "l2_ratio": [0.5] * 5}]
-    metrics = {"setting": "tms-5-2", "fidelity": "ours", "quick": False, "config": {"steps": 20000}, "per_seed": per}
+    metrics = {"method": "apd", "setting": "tms-5-2", "fidelity": "ours", "quick": False, "config": {"steps": 20000},
+               "per_seed": per}
     (apd_dir / "metrics.json").write_text(json.dumps(metrics))
     res = CliRunner().invoke(app, _args(spd_dir, "--apd-run", str(apd_dir), "--no-compile"))
     assert res.exit_code == 0, res.output

@@ -12,14 +12,30 @@ from typing import Annotated
 
 import typer
 
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:  # also NaN
+        raise typer.BadParameter(f"must be > 0, got {value}")
+    return value
+
+
+def _non_empty(value: Path) -> Path:
+    if str(value).strip() in ("", "."):
+        raise typer.BadParameter("must name a directory other than the current one (an empty path or '.' would "
+                                 "write metrics.json, report.* and seed*/ into it)")
+    return value
+
+
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (targets and decompositions).")]
-Out = Annotated[Path, typer.Option("--out", help="Output directory (resumable: a rerun continues).")]
+Out = Annotated[Path, typer.Option("--out", callback=_non_empty,
+                                   help="Output directory (resumable: a rerun continues).")]
 Quick = Annotated[bool, typer.Option("--quick/--no-quick", help="Reduced CPU preset (fewer steps, smaller batches): "
                                                                  "a pipeline check, never a reproduction.")]
 Device = Annotated[str, typer.Option("--device", help="Where to train: cpu, cuda, cuda:1, ...")]
 Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", help="No progress bars.")]
 Steps = Annotated[int | None, typer.Option("--steps", min=1, help="Override the preset's number of steps.")]
-Lr = Annotated[float | None, typer.Option("--lr", min=0.0, help="Override the preset's peak learning rate.")]
+Lr = Annotated[float | None, typer.Option("--lr", callback=_positive,
+                                          help="Override the preset's peak learning rate (> 0).")]
 Threads = Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads.")]
 
 
@@ -47,6 +63,6 @@ def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool
 
     torch.set_num_threads(threads)
     overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {}), **(config or {})}
-    with expected_errors("use another --out for a different configuration, or --device cpu without CUDA"):
+    with expected_errors():  # the library's messages name the argument or file and the fix
         return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device,
                          **extra)

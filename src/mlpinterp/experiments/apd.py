@@ -38,6 +38,7 @@ from mlpinterp.apd import (
 )
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.experiments.rundir import check_out_dir, recipe_overrides
 from mlpinterp.toys import (
     RESID_PRESETS,
     TMS_PRESETS,
@@ -53,6 +54,7 @@ from mlpinterp.toys import (
     train_tms,
 )
 from mlpinterp.utils.io import atomic_write_json, save_tensors
+from mlpinterp.utils.validation import check_device
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
 
@@ -358,7 +360,11 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     fidelity = _resolve_fidelity(setting, fidelity)
     if fidelity == "reference":
         reference_overrides(setting)  # raises for a setting that is not TMS
-    out = Path(out)
+    # everything that can be refused is refused before minutes of target training
+    apd_config(setting, quick, 0, fidelity, **(overrides or {}))
+    if device is not None:
+        check_device(device)
+    out = check_out_dir(out, "apd")
     spec = setting_spec(setting)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     per_seed = []
@@ -379,7 +385,9 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
                  target_loss=info.get("loss"))
         per_seed.append(m)
     summary = {k: _mean_std([m[k] for m in per_seed]) for k in SUMMARY_KEYS if all(k in m for m in per_seed)}
-    result = {"setting": setting, "quick": quick, "seeds": seeds, "fidelity": fidelity,
+    result = {"method": "apd", "setting": setting, "quick": quick,
+              "overrides": recipe_overrides(apd_config(setting, quick, 0, fidelity), overrides),
+              "seeds": seeds, "fidelity": fidelity,
               "config": asdict(apd_config(setting, quick, 0, fidelity, **(overrides or {}))), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu"}
@@ -404,10 +412,10 @@ def render_report(result: dict) -> str:
     """Markdown report: our mean ± std over seeds (n shown, no spread for one seed) beside the paper's numbers, the
     per-seed values, every figure (embedded in ``report.html``) and the configuration."""
     paper, per = result["paper"], result["per_seed"]
-    kind = "quick" if result["quick"] else "full"
+    kind = rep.run_kind(result["quick"], result.get("overrides"))
     n = len(per)
     keys = [k for k in SUMMARY_KEYS if all(k in m for m in per)]
-    lines = [f"# APD reproduction: {result['setting']}{' (quick preset: not a reproduction)' if result['quick'] else ''}",
+    lines = [f"# APD reproduction: {result['setting']}{rep.run_kind_note(kind, result.get('overrides'))}",
              "", f"Fidelity: {result.get('fidelity', 'ours')}. Seeds: n = {n}; device {result.get('device', 'cpu')}; torch threads: {result['threads']}; 1/5/15-min "
              f"load average at the end: {result.get('load_average')} (`seconds` is the APD wall time, summed over "
              "resumed sessions).", ""]

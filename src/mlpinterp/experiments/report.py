@@ -43,8 +43,25 @@ from mlpinterp.utils.io import atomic_write_bytes
 DASH = "—"
 """Shown for a statistic that is undefined (no value, or a spread of a single value)."""
 
-RUN_KINDS = ("full", "quick", "smoke")
-"""``full``: a configuration meant to reproduce; ``quick`` / ``smoke``: shortened runs that check the pipeline."""
+RUN_KINDS = ("full", "quick", "smoke", "custom")
+"""``full``: a configuration meant to reproduce; ``quick`` / ``smoke``: shortened runs that check the pipeline;
+``custom``: a paper preset with fields overridden (``--steps``, ``--lr``, ...), so not the paper's configuration."""
+
+
+def run_kind(quick: bool, overrides: dict | None = None) -> str:
+    """The :data:`RUN_KINDS` entry of a ``reproduce`` run: ``quick``, else ``custom`` with any preset field
+    overridden, else ``full``."""
+    return "quick" if quick else ("custom" if overrides else "full")
+
+
+def run_kind_note(kind: str, overrides: dict | None = None) -> str:
+    """Title suffix saying why a run is not a reproduction (empty for a ``full`` run), naming the overrides."""
+    what = ", ".join(f"{k} = {v}" for k, v in sorted((overrides or {}).items()))
+    if kind == "full":
+        return ""
+    if kind == "custom":
+        return f" (preset overridden: {what}; not a reproduction)"
+    return f" ({kind} preset{f', {what}' if what else ''}: not a reproduction)"
 
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -200,8 +217,8 @@ def verdict(passed: bool | None, reason: str, *, run: str = "full", failed: str 
         One line (no newline) saying why: our number beside the paper's or the baseline's. Required (non-empty)
         unless ``passed`` is ``True``.
     run
-        One of :data:`RUN_KINDS`; ``"smoke"``/``"quick"`` give ``"smoke run: not a reproduction"`` whatever
-        ``passed`` is, with no reason (nothing is concluded, so there is nothing to justify).
+        One of :data:`RUN_KINDS`; ``"smoke"``/``"quick"``/``"custom"`` give ``"<run> run: not a reproduction"``
+        whatever ``passed`` is, with no reason (nothing is concluded, so there is nothing to justify).
     failed
         Status when ``passed`` is ``False``: ``"not reproduced"`` or ``"worse than baseline"``.
 

@@ -27,6 +27,7 @@ from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.apd import get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.spd import (
     SPDConfig,
     alive_subcomponents,
@@ -43,6 +44,7 @@ from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.validation import check_device, check_int, check_real
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
 
@@ -252,9 +254,11 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
-    out = Path(out)
     cfg0 = spd_config(setting, quick, 0, **(overrides or {}))
-    apd = read_apd_run(apd_run, setting) if apd_run is not None else None  # fail before hours of training
+    if device is not None:
+        check_device(device)
+    out = check_out_dir(out, "spd")
+    apd = read_apd_run(apd_run, setting, out) if apd_run is not None else None  # fail before hours of training
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
@@ -277,7 +281,9 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         m.update(seed=seed, seconds=res.seconds, final=res.history[-1] if res.history else {},
                  target_loss=info.get("loss"))
         per_seed.append(m)
-    result = {"setting": setting, "quick": quick, "seeds": seeds, "config": asdict(cfg0), "per_seed": per_seed,
+    result = {"method": "spd", "setting": setting, "quick": quick,
+              "overrides": recipe_overrides(spd_config(setting, quick, 0), overrides), "seeds": seeds,
+              "config": asdict(cfg0), "per_seed": per_seed,
               "device": device or "cpu", "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(),
               "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -296,23 +302,55 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     return result
 
 
-def read_apd_run(apd_run: str | Path, setting: str) -> dict:
-    """The ``metrics.json`` of a ``reproduce apd`` run on ``setting`` (its "-id" variant: the same base setting).
+def read_apd_run(apd_run: str | Path, setting: str, out: str | Path | None = None) -> dict:
+    """The ``metrics.json`` of a ``reproduce apd`` run on ``setting`` (TMS 5-2 or 40-10, not an "-id" variant), checked
+    before any training: written by ``reproduce apd`` (not SPD, not another command), not the SPD run's own ``out``,
+    made with ``--fidelity ours`` (SPD's TMS targets use that recipe), and with a well-formed record per seed
+    (int ``seed``, finite ``mmcs`` / ``ml2r``, per-feature ``max_cos`` / ``l2_ratio`` lists); any preset is accepted
+    (the comparison records it).
 
-    Raises ``ValueError`` if ``setting`` is not TMS 5-2 or 40-10, the file is missing or invalid, or the run is of
-    another setting (any preset is accepted; the comparison records it).
+    Raises ``ValueError`` naming the file and what is wrong with it.
     """
     base = setting.removesuffix("-id")
     if not setting.startswith("tms") or setting != base:
         raise ValueError(f"apd_run: APD comparisons are for tms-5-2 and tms-40-10 (the APD paper's settings), not "
                          f"{setting!r}")
     path = Path(apd_run) / "metrics.json"
+    if out is not None and Path(apd_run).resolve() == Path(out).resolve():
+        raise ValueError(f"apd_run: {str(apd_run)!r} is this SPD run's own --out; pass the --out directory of a "
+                         f"`mlpinterp reproduce apd --setting {base}` run")
     if not path.is_file():
         raise ValueError(f"apd_run: {str(path)!r} does not exist; pass the --out directory of a finished "
                          f"`mlpinterp reproduce apd --setting {base}` run")
-    m = read_json(path, what="APD metrics")
+    try:
+        m = read_json(path, what="APD metrics")
+    except ValueError as e:
+        raise ValueError(f"apd_run: {e} (rerunning `reproduce apd` on that directory rewrites it)") from e
+    if method_of(m) != "apd":
+        raise ValueError(f"apd_run: {str(path)!r} was not written by `reproduce apd` (it has no APD configuration"
+                         f"{'; it is an SPD run' if method_of(m) == 'spd' else ''}); pass an APD run's --out")
     if m.get("setting") != base or not isinstance(m.get("per_seed"), list):
         raise ValueError(f"apd_run: {str(path)!r} is an APD run of setting {m.get('setting')!r}, expected {base!r}")
+    if m.get("fidelity", "ours") != "ours":
+        raise ValueError(f"apd_run: {str(path)!r} is an APD run with --fidelity {m.get('fidelity')!r}, whose targets "
+                         "are not SPD's (SPD trains TMS targets with the `ours` recipe); make the APD run with "
+                         "--fidelity ours")
+    if not isinstance(m.get("config", {}), dict):
+        raise ValueError(f"apd_run: {str(path)!r}: 'config' must be a JSON object, got {m['config']!r}")
+    for i, rec in enumerate(m["per_seed"]):
+        where = f"apd_run: {str(path)!r}: per_seed[{i}]"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where} must be a JSON object, got {rec!r}")
+        for key, check in (("seed", lambda v: check_int(v, "seed", 0)),
+                           ("mmcs", lambda v: check_real(v, "mmcs")), ("ml2r", lambda v: check_real(v, "ml2r")),
+                           ("max_cos", lambda v: [check_real(x, "max_cos[j]") for x in v]),
+                           ("l2_ratio", lambda v: [check_real(x, "l2_ratio[j]") for x in v])):
+            if key not in rec:
+                raise ValueError(f"{where} has no {key!r}; rerun `reproduce apd` on that directory")
+            try:
+                check(rec[key])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}[{key!r}] is invalid ({e}); rerun `reproduce apd` on that directory") from e
     m["dir"] = str(Path(apd_run))
     return m
 
@@ -379,9 +417,9 @@ def _pm(mean: float, std: float | None, fmt: str = ".3f") -> str:
 def render_report(result: dict) -> str:
     """Markdown report: per-seed values, failed seeds, our mean ± std beside the paper's statistic and APD's."""
     setting, per = result["setting"], result["per_seed"]
-    kind = "quick" if result["quick"] else "full"
+    kind = rep.run_kind(result["quick"], result.get("overrides"))
     n = len(per)
-    lines = [f"# SPD reproduction: {setting}{' (quick preset: not a reproduction)' if result['quick'] else ''}", "",
+    lines = [f"# SPD reproduction: {setting}{rep.run_kind_note(kind, result.get('overrides'))}", "",
              f"Bushnaq, Braun, Sharkey (2025), *Stochastic Parameter Decomposition*. Seeds: n = {n}; device "
              f"{result['device']}; torch threads {result['threads']}; 1/5/15-min load average at the end "
              f"{result.get('load_average')}. Targets are the APD targets of the same seeds (same networks for both "

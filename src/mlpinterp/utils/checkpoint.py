@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.validation import check_device
 
 
 def _norm(v):
@@ -69,14 +70,7 @@ def on_device(model: nn.Module, device) -> tuple[nn.Module, torch.device]:
     cur = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
     if device is None:
         return model, cur
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r} ({e})") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine; use device='cpu'")
-    if dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'mps', got {device!r}")
+    dev = check_device(device)
     if cur == dev or (cur.type == dev.type and dev.index is None):
         return model, cur
     return copy.deepcopy(model).to(dev), dev

@@ -107,6 +107,34 @@ def check_batch_tensor(x, name: str, model=None):
     return x
 
 
+def check_device(device, name: str = "device"):
+    """``torch.device(device)`` after checking it exists on this machine: ``cpu`` (no index), ``cuda[:N]`` with CUDA
+    available and ``N`` below the number of GPUs, or ``mps`` where available.
+
+    Raises ``ValueError`` naming ``name``, what was given and what is available (e.g. ``"cuda"`` without CUDA)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{name} must be a torch device such as 'cpu' or 'cuda', got {device!r} ({e})") from e
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise ValueError(f"{name} {device!r}: the CPU is one device, use 'cpu'")
+    elif dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {device!r} requested but CUDA is not available on this machine; use 'cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"'cuda:0' to 'cuda:{torch.cuda.device_count() - 1}'")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{name} {device!r} requested but MPS is not available on this machine; use 'cpu'")
+    else:
+        raise ValueError(f"{name} must be 'cpu', 'cuda[:N]' or 'mps', got {device!r}")
+    return dev
+
+
 def check_int(v, name: str, minimum: int | None = 1, what: str | None = None) -> int:
     """``v`` must be an int (not a bool, not a float; numpy integers accepted) ``>= minimum``; returns ``int(v)``.
 
