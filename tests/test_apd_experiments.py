@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import PRESETS, apd_config, reproduce, setting_spec
+from mlpinterp.experiments.apd import PRESETS, apd_config, reproduce, setting_spec, target_config
 from mlpinterp.toys import RESID_PRESETS, TMSConfig, build_resid_mlp, save_toy, train_tms
 
 torch.set_num_threads(1)
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated
 
 def test_cli_tms_quick(tmp_path):
     model, info = train_tms(TMSConfig(steps=500, batch_size=512, n_instances=2), quiet=True)
-    save_toy(model, tmp_path / "seed0" / "target", info)
+    # a stand-in for the preset's target (trained shorter to keep the test fast): it carries the preset's recipe
+    save_toy(model, tmp_path / "seed0" / "target", {**info, "config": target_config("tms-5-2", 0, True)})
     res = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
                                    str(tmp_path), "--quick", "--quiet", "--steps", "40"])
     assert res.exit_code == 0, res.output
@@ -52,7 +53,7 @@ def test_cli_tms_quick(tmp_path):
 
 def test_reproduce_resid_and_gated_tiny(tmp_path):
     model = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
-    save_toy(model, tmp_path / "r" / "seed0" / "target", {"loss": 0.0})
+    save_toy(model, tmp_path / "r" / "seed0" / "target", {"loss": 0.0, "config": target_config("resid-mlp-1", 0, True)})
     out = reproduce("resid-mlp-1", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
     s = out["summary"]
     assert {"scrubbed_mse", "anti_scrubbed_mse", "per_feature_mse_top1_mean", "dead_components"} <= set(s)

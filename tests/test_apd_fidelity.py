@@ -18,6 +18,7 @@ from mlpinterp.experiments.apd import (
     get_target,
     reference_overrides,
     reproduce,
+    target_config,
 )
 from mlpinterp.experiments.spd import spd_target
 from mlpinterp.toys import TMS, TMSConfig, save_toy, train_tms
@@ -73,15 +74,16 @@ def test_default_fidelity_is_the_better_measured_one():
 
 def test_spd_targets_keep_our_recipe_for_tms_40_10(tmp_path):
     # SPD's TMS targets are trained at a constant lr (the SPD reference's recipe) whatever APD's default is
+    # stand-ins for the preset's targets (5 steps), carrying the recipes of the two fidelities
     cfg = dict(n_features=40, d_hidden=10, steps=5, batch_size=32, n_instances=1)
     model, info = train_tms(TMSConfig(**cfg), quiet=True)
-    save_toy(model, tmp_path / "ours" / "target", info)
+    save_toy(model, tmp_path / "ours" / "target", {**info, "config": target_config("tms-40-10", 0, True, "ours")})
     spd_target("tms-40-10-id", 0, tmp_path / "ours" / "target.safetensors", True, True)  # loads
-    with pytest.raises(ValueError, match="lr_schedule='constant'.*fidelity='reference'"):
+    with pytest.raises(ValueError, match="fidelity 'reference': lr_schedule: saved 'constant', requested 'linear'"):
         get_target("tms-40-10", 0, tmp_path / "ours" / "target.safetensors", True, True)  # APD's default refuses it
     model, info = train_tms(TMSConfig(lr_schedule="linear", **cfg), quiet=True)
-    save_toy(model, tmp_path / "ref" / "target", info)
-    with pytest.raises(ValueError, match="lr_schedule='linear'.*fidelity='ours'"):
+    save_toy(model, tmp_path / "ref" / "target", {**info, "config": target_config("tms-40-10", 0, True, "reference")})
+    with pytest.raises(ValueError, match="fidelity 'ours': lr_schedule: saved 'linear', requested 'constant'"):
         spd_target("tms-40-10", 0, tmp_path / "ref" / "target.safetensors", True, True)
 
 
@@ -108,7 +110,8 @@ def test_tms_linear_decay_recipe():
 def test_cli_reference_roundtrip_and_target_mismatch(tmp_path):
     cfg = TMSConfig(n_features=40, d_hidden=10, steps=100, batch_size=256, n_instances=1, lr_schedule="linear")
     model, info = train_tms(cfg, quiet=True)
-    save_toy(model, tmp_path / "seed0" / "target", info)
+    # a stand-in for the preset's target (trained shorter), carrying the reference recipe
+    save_toy(model, tmp_path / "seed0" / "target", {**info, "config": target_config("tms-40-10", 0, True, "reference")})
     # no --fidelity: TMS 40-10's default is the reference's way
     args = ["reproduce", "apd", "--setting", "tms-40-10", "--seeds", "1", "--quick", "--quiet", "--steps", "20"]
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
@@ -121,9 +124,9 @@ def test_cli_reference_roundtrip_and_target_mismatch(tmp_path):
     # a target trained with our (constant-lr) recipe is refused under fidelity=reference
     other = tmp_path / "other"
     model, info = train_tms(TMSConfig(n_features=40, d_hidden=10, steps=10, batch_size=64, n_instances=1), quiet=True)
-    save_toy(model, other / "seed0" / "target", info)
+    save_toy(model, other / "seed0" / "target", {**info, "config": target_config("tms-40-10", 0, True, "ours")})
     res = CliRunner().invoke(app, [*args, "--fidelity", "reference", "--out", str(other)])
-    assert res.exit_code == 1 and "lr_schedule='constant'" in res.output and "Error" in res.output
+    assert res.exit_code == 1 and "lr_schedule: saved 'constant'" in res.output and "Error" in res.output
     # ... and accepted with --fidelity ours
     res = CliRunner().invoke(app, [*args, "--fidelity", "ours", "--out", str(other)])
     assert res.exit_code == 0, res.output

@@ -10,10 +10,16 @@ from typer.testing import CliRunner
 
 from mlpinterp.apd import resolve_sites
 from mlpinterp.cli.main import app
+from mlpinterp.experiments.apd import target_config
 from mlpinterp.experiments.spd import PRESETS, QUICK, SETTINGS, render_report, reproduce, spd_config, spd_target
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 
 torch.set_num_threads(1)
+
+
+def _info(setting="tms-5-2", seed=0):
+    """Metadata making a pre-placed stand-in target pass as the one SPD would train (its recipe, checked on loading)."""
+    return {"loss": 0.0, "config": target_config(setting, seed, True, "ours")}
 
 
 def _args(out, *extra):
@@ -23,7 +29,7 @@ def _args(out, *extra):
 
 def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     for s in (0, 1):
-        save_toy(tms52_target, tmp_path / f"seed{s}" / "target", {"loss": 0.0})
+        save_toy(tms52_target, tmp_path / f"seed{s}" / "target", _info(seed=s))
     res = CliRunner().invoke(app, _args(tmp_path))
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "metrics.json").read_text())
@@ -65,7 +71,7 @@ def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
 
     spd_dir, apd_dir = tmp_path / "spd", tmp_path / "apd"
     for s in (0, 1):
-        save_toy(tms52_target, spd_dir / f"seed{s}" / "target", {"loss": 0.0})
+        save_toy(tms52_target, spd_dir / f"seed{s}" / "target", _info(seed=s))
         (apd_dir / f"seed{s}").mkdir(parents=True)
         for f in ("target.safetensors", "target.json"):
             shutil.copy(spd_dir / f"seed{s}" / f, apd_dir / f"seed{s}" / f)
@@ -93,14 +99,15 @@ def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
 
 
 def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):
-    save_toy(build_resid_mlp(RESID_PRESETS["resid-mlp-1"]), tmp_path / "r" / "seed0" / "target", {"loss": 0.0})
+    save_toy(build_resid_mlp(RESID_PRESETS["resid-mlp-1"]), tmp_path / "r" / "seed0" / "target",
+             _info("resid-mlp-1"))
     out = reproduce("resid-mlp-1", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
     m = out["per_seed"][0]
     assert set(m["alive"]) == {"layers.0.mlp_in", "layers.0.mlp_out"}
     assert len(m["subcomponents_per_feature"]["layers.0.mlp_in"]) == 100
     assert m["scrubbed_mse"] >= 0 and m["anti_scrubbed_mse"] >= 0
     assert "scrubbed MSE" in (tmp_path / "r" / "report.md").read_text()
-    save_toy(tms52_target, tmp_path / "i" / "seed0" / "target", {"loss": 0.0})
+    save_toy(tms52_target, tmp_path / "i" / "seed0" / "target", _info())
     out = reproduce("tms-5-2-id", 1, tmp_path / "i", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
     assert set(out["per_seed"][0]["alive"]) == {"linear1", "identity", "linear2"}
 
@@ -123,7 +130,7 @@ def test_presets_resolve_on_their_targets_and_quick_is_smaller():
 
 
 def test_identity_setting_reuses_the_base_target(tmp_path, tms52_target):
-    save_toy(tms52_target, tmp_path / "target", {"loss": 0.0})
+    save_toy(tms52_target, tmp_path / "target", _info())
     toy, model, _ = spd_target("tms-5-2-id", 0, tmp_path / "target.safetensors", True, True)
     x = torch.rand(7, 5)
     torch.testing.assert_close(model(x), tms52_target(x))

@@ -49,20 +49,31 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     @apd_app.command("train-target")
     def train_target(
         setting: Setting = typer.Option(..., "--setting", help="Toy setting."),
-        seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(..., "--out", help="Path of the .safetensors file (a .json is written beside)."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the target (>= 0)."),
+        out: Path = typer.Option(..., "--out", help="Path of the .safetensors file (the suffix is appended unless "
+                                 "present; a .json is written beside)."),
         quick: bool = typer.Option(False, "--quick", help="Reduced training recipe."),
         quiet: bool = typer.Option(False, "--quiet"),
         fidelity: FidelityOpt = None,
     ) -> None:
         """Train (or hand-code, for gated-trig) a toy target and save it atomically (TMS: the recipe of
-        ``--fidelity``, by default the one `reproduce apd` uses for the setting)."""
-        from mlpinterp.cli.errors import expected_errors
-        from mlpinterp.experiments.apd import get_target
+        ``--fidelity``, by default the one `reproduce apd` uses for the setting). A target already at --out is reused
+        when it was made with the same recipe (setting, seed, --quick, --fidelity) and refused otherwise."""
+        from mlpinterp.cli.errors import expected_errors, fail
+        from mlpinterp.experiments.apd import check_target, get_target
+        from mlpinterp.utils.io import tensors_path
 
-        with expected_errors("pass --fidelity ours (reference is defined for TMS only), or another --out"):
-            _, info = get_target(setting.value, seed, out.with_suffix(".safetensors"), quick, quiet,
-                                 None if fidelity is None else fidelity.value)
-        typer.echo(f"saved {out.with_suffix('.safetensors')} (held-out loss {info.get('loss', float('nan')):.4g})")
+        if out.is_dir():
+            fail(f"--out {str(out)!r} is an existing directory; expected the path of a .safetensors file",
+                 f"pass a file path, e.g. --out {str(out / 'target.safetensors')!r}")
+        path = tensors_path(out)
+        fid = None if fidelity is None else fidelity.value
+        with expected_errors("a target of another recipe: pass another --out; --fidelity reference: TMS settings "
+                             "only (pass --fidelity ours)"):
+            reused = check_target(setting.value, seed, path, quick, fid)
+            _, info = get_target(setting.value, seed, path, quick, quiet, fid)
+        loss = info.get("loss")
+        typer.echo(f"{'exists, reused' if reused else 'saved'} {path}"
+                   + (f" (held-out loss {loss:.4g})" if isinstance(loss, (int, float)) else ""))
 
     app.add_typer(apd_app, name="apd")

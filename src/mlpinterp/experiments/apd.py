@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,8 @@ from mlpinterp.experiments.rundir import check_out_dir, recipe_overrides
 from mlpinterp.toys import (
     RESID_PRESETS,
     TMS_PRESETS,
+    ResidMLPConfig,
+    TMSConfig,
     build_gated_trig,
     gated_trig_ground_truth,
     gated_trig_inputs,
@@ -53,8 +55,8 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
-from mlpinterp.utils.io import atomic_write_json, save_tensors
-from mlpinterp.utils.validation import check_device
+from mlpinterp.utils.io import atomic_write_json, read_json, save_tensors, tensors_path
+from mlpinterp.utils.validation import check_device, check_int, config_differences
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
 
@@ -182,38 +184,167 @@ def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, *
     return with_overrides(cfg, **kw)
 
 
-def get_target(name: str, seed: int, path: Path, quick: bool, quiet: bool,
-               fidelity: str | None = None) -> tuple[nn.Module, dict]:
-    """Load ``path`` if it exists, else train (or hand-code) the target of ``name`` and save it there.
+#: The settings :func:`get_target` makes targets for (``resid-mlp-3`` is SPD's; the "-id" settings use the base TMS).
+TARGET_SETTINGS = (*TMS_PRESETS, *RESID_PRESETS, "gated-trig")
 
-    ``fidelity="reference"`` trains a TMS target with the APD reference's recipe (lr 5e-3 decayed linearly to 0),
-    ``"ours"`` at a constant lr 5e-3 (the SPD reference's recipe); ``None``: the setting's default
-    (:func:`default_fidelity`). Raises ``ValueError`` when a TMS target at ``path`` was trained with the other
-    recipe, or for ``fidelity="reference"`` on a setting that is not TMS."""
+#: The hand-coded gated-trig network's arguments (:func:`mlpinterp.toys.build_gated_trig`), the seed aside.
+_GATED_TARGET = {"n_functions": 4, "neurons_per_function": 10, "n_layers": 2}
+
+
+def _target_kind(name: str) -> str:
+    if name in TMS_PRESETS:
+        return "tms"
+    if name in RESID_PRESETS:
+        return "resid_mlp"
+    if name == "gated-trig":
+        return "gated_trig"
+    raise ValueError(f"setting must be one of {TARGET_SETTINGS}, got {name!r}")
+
+
+def target_config(name: str, seed: int, quick: bool, fidelity: str | None = None) -> dict:
+    """The training configuration :func:`get_target` trains (or hand-codes) the target of setting ``name`` with: the
+    ``asdict`` of the :class:`~mlpinterp.toys.TMSConfig` / :class:`~mlpinterp.toys.ResidMLPConfig` (TMS: the lr
+    schedule of ``fidelity``; residual MLPs: the ``quick`` recipe of :data:`QUICK_TARGET` when ``quick``), or the
+    arguments of :func:`~mlpinterp.toys.build_gated_trig`, with ``seed``. A saved target stores it as
+    ``info["config"]``.
+
+    Raises ``ValueError`` for a setting without a target (:data:`TARGET_SETTINGS`), a ``seed`` below 0, an unknown
+    ``fidelity`` or ``fidelity="reference"`` on a setting that is not TMS; ``TypeError`` for a non-int ``seed``."""
+    kind = _target_kind(name)
+    check_int(seed, "seed", minimum=0)
     fidelity = _resolve_fidelity(name, fidelity)
     if fidelity == "reference":
         reference_overrides(name)  # raises for a setting that is not TMS
-    schedule = "linear" if fidelity == "reference" else "constant"
-    if path.exists() and path.with_suffix(".json").exists():
-        model, meta = load_toy(path)
-        info = meta.get("info", {})
-        saved = info.get("config", {}).get("lr_schedule", "constant") if name in TMS_PRESETS else schedule
-        if saved != schedule:
-            raise ValueError(f"target {str(path)!r} was trained with lr_schedule={saved!r}, but fidelity={fidelity!r} "
-                             f"needs {schedule!r}; use another out directory")
-        return model, info
+    if kind == "tms":
+        schedule = "linear" if fidelity == "reference" else "constant"
+        return asdict(replace(TMS_PRESETS[name], seed=int(seed), lr_schedule=schedule))
+    if kind == "resid_mlp":
+        return asdict(replace(RESID_PRESETS[name], seed=int(seed), **(QUICK_TARGET[name] if quick else {})))
+    return {**_GATED_TARGET, "seed": int(seed)}
+
+
+def _target_arch(kind: str, cfg: dict) -> dict:
+    """The ``arch`` :func:`mlpinterp.toys.save_toy` records for a target trained with ``cfg``."""
+    if kind == "tms":
+        return {"n_features": cfg["n_features"], "d_hidden": cfg["d_hidden"]}
+    if kind == "resid_mlp":
+        return {k: cfg[k] for k in ("n_features", "d_embed", "d_mlp", "n_layers")}
+    return {"d_resid": cfg["n_functions"] + 2, "n_layers": cfg["n_layers"], "n_functions": cfg["n_functions"],
+            "d_mlp": cfg["n_functions"] * cfg["neurons_per_function"] // cfg["n_layers"]}
+
+
+def _saved_config(kind: str, meta: dict) -> dict | None:
+    """The training configuration a saved target's metadata records (``None`` if none). Fills in what targets
+    written before a field existed lack: a TMS ``lr_schedule`` (constant then), gated-trig's ``config`` (its seed
+    and ``neurons_per_function`` were recorded, the rest is the architecture)."""
+    info = meta.get("info")
+    info = info if isinstance(info, dict) else {}
+    cfg = info.get("config")
+    if isinstance(cfg, dict):
+        return {"lr_schedule": "constant", **cfg} if kind == "tms" else dict(cfg)
+    arch = meta.get("arch")
+    if kind == "gated_trig" and isinstance(arch, dict) and "seed" in info and "neurons_per_function" in info:
+        return {"n_functions": arch.get("n_functions"), "neurons_per_function": info["neurons_per_function"],
+                "n_layers": arch.get("n_layers"), "seed": info["seed"]}
+    return None
+
+
+def _which_target(kind: str, cfg: dict) -> str | None:
+    """``"setting S, seed N[, --quick][, fidelity F]"`` of the :func:`get_target` recipe ``cfg`` is, if any."""
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        return None
+    for name in TARGET_SETTINGS:
+        if _target_kind(name) != kind:
+            continue
+        for fid in (("ours", "reference") if name in TMS_PRESETS else ("ours",)):
+            for quick in ((False, True) if QUICK_TARGET.get(name) else (False,)):
+                if target_config(name, seed, quick, fid) == cfg:
+                    return (f"setting {name!r}, seed {seed}" + (", --quick" if quick else "")
+                            + (f", fidelity {fid!r}" if name in TMS_PRESETS else ""))
+    return None
+
+
+def _target_file(path: str | os.PathLike) -> Path:
+    """The ``.safetensors`` path of a target (the suffix appended unless present, :func:`tensors_path`); ``ValueError``
+    if ``path`` is an existing directory."""
+    for p in (Path(path), tensors_path(path)):
+        if p.is_dir():
+            raise ValueError(f"target path {str(p)!r} is an existing directory; expected the path of a target "
+                             f".safetensors file (e.g. {str(Path(p) / 'target.safetensors')!r})")
+    return tensors_path(path)
+
+
+def check_target(name: str, seed: int, path: str | os.PathLike, quick: bool, fidelity: str | None = None) -> bool:
+    """Whether a complete saved target (``.safetensors`` and its ``.json``) exists at ``path`` (the ``.safetensors``
+    suffix appended unless present); when one does, that it is the target :func:`get_target` would make now: same
+    kind, architecture and training configuration (:func:`target_config`: setting, seed, steps, batch size, lr and
+    its schedule, instances, ...). Reads the JSON only.
+
+    Raises ``ValueError`` naming the file, the differing fields (saved and requested values) and the fix (another
+    out directory) when the saved target was made with another recipe (e.g. a ``--quick`` target under a paper
+    run, another seed or setting, another ``fidelity``'s TMS recipe) or records no training configuration, or if
+    ``path`` is an existing directory or the JSON is invalid; and as :func:`target_config` for bad arguments."""
+    want = target_config(name, seed, quick, fidelity)
+    kind = _target_kind(name)
+    path = _target_file(path)
+    meta_path = path.with_suffix(".json")
+    if not (path.is_file() and meta_path.is_file()):
+        return False
+    meta = read_json(meta_path, what="target metadata")
+    fidelity = _resolve_fidelity(name, fidelity)
+    run = (f"setting {name!r}, seed {seed}, {'--quick' if quick else 'paper'} preset"
+           + (f", fidelity {fidelity!r}" if kind == "tms" else ""))
+    fix = "use another out directory (--out) for this run, or delete the target's two files to train it afresh"
+    if meta.get("kind") != kind:
+        raise ValueError(f"target {str(path)!r} holds a {meta.get('kind')!r} network, but {run} needs a {kind!r} "
+                         f"target; {fix}")
+    saved = _saved_config(kind, meta)
+    if saved is None:
+        raise ValueError(f"target {str(path)!r} records no training configuration (info['config'] in "
+                         f"{str(meta_path)!r}), so it cannot be checked to be the target of {run}; {fix}")
+    diffs = config_differences(saved, want)
+    arch = meta.get("arch")
+    if isinstance(arch, dict) and not diffs:
+        diffs = [f"arch.{d}" for d in config_differences(arch, _target_arch(kind, want))]
+    if diffs:
+        which = _which_target(kind, saved)
+        raise ValueError(f"target {str(path)!r} was not made with the recipe of {run}: " + "; ".join(diffs)
+                         + (f" (it is the target of {which})" if which else "") + f"; {fix}")
+    return True
+
+
+def get_target(name: str, seed: int, path: str | os.PathLike, quick: bool, quiet: bool,
+               fidelity: str | None = None) -> tuple[nn.Module, dict]:
+    """Load the target of setting ``name`` from ``path`` (``.safetensors`` appended unless present) if it exists there,
+    else train (or hand-code) it and save it there. Returns ``(model, info)``; ``info["config"]`` is the training
+    configuration (:func:`target_config`).
+
+    ``fidelity="reference"`` trains a TMS target with the APD reference's recipe (lr 5e-3 decayed linearly to 0),
+    ``"ours"`` at a constant lr 5e-3 (the SPD reference's recipe); ``None``: the setting's default
+    (:func:`default_fidelity`). ``quick`` trains residual-MLP targets with :data:`QUICK_TARGET`'s shorter recipe.
+
+    Raises ``ValueError`` (:func:`check_target`) when the target at ``path`` was made with another recipe than the
+    one asked for (another setting, seed, ``quick`` recipe or TMS lr schedule: every field of its stored
+    configuration is compared) or records none, or ``path`` is an existing directory; for a setting without a target,
+    a negative ``seed``, an unknown ``fidelity`` or ``fidelity="reference"`` on a setting that is not TMS; and as
+    :func:`mlpinterp.toys.load_toy` for a corrupt file."""
+    kind = _target_kind(name)
+    if check_target(name, seed, path, quick, fidelity):
+        model, meta = load_toy(_target_file(path))
+        if kind == "tms" and model.identity is not None:
+            raise ValueError(f"target {str(_target_file(path))!r} holds a TMS with an identity layer; targets are "
+                             "saved without it (the '-id' settings insert it on loading); use another out directory")
+        return model, meta.get("info", {})
+    path = _target_file(path)
+    cfg = target_config(name, seed, quick, fidelity)
     t0 = time.perf_counter()
-    if name in TMS_PRESETS:
-        from dataclasses import replace
-
-        model, info = train_tms(replace(TMS_PRESETS[name], seed=seed, lr_schedule=schedule), quiet=quiet)
-    elif name in RESID_PRESETS:
-        from dataclasses import replace
-
-        model, info = train_resid_mlp(replace(RESID_PRESETS[name], seed=seed, **(QUICK_TARGET[name] if quick else {})),
-                                      quiet=quiet)
+    if kind == "tms":
+        model, info = train_tms(TMSConfig(**cfg), quiet=quiet)
+    elif kind == "resid_mlp":
+        model, info = train_resid_mlp(ResidMLPConfig(**cfg), quiet=quiet)
     else:
-        model, info = build_gated_trig(n_functions=4, neurons_per_function=10, n_layers=2, seed=seed)
+        model, info = build_gated_trig(**cfg)
     info["train_seconds"] = time.perf_counter() - t0
     save_toy(model, path, info)
     return model, info
@@ -351,7 +482,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     Raises
     ------
     ValueError
-        For an unknown setting or ``seeds < 1``.
+        For an unknown setting or ``seeds < 1``; before any training, when a seed's saved target in ``out`` was
+        made with another recipe (:func:`check_target`: e.g. a ``--quick`` target under a paper run).
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
@@ -366,6 +498,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         check_device(device)
     out = check_out_dir(out, "apd")
     spec = setting_spec(setting)
+    for seed in range(seeds):  # refuse targets of another recipe before hours of training
+        check_target(setting, seed, out / f"seed{seed}" / "target.safetensors", quick, fidelity)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     per_seed = []
     for seed in range(seeds):

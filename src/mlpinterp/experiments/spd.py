@@ -25,7 +25,7 @@ from torch import nn
 
 from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import get_target, paper_statistic, setting_spec
+from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.spd import (
@@ -148,7 +148,11 @@ def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool) -> tu
     identity inserted for the ``-id`` settings; TMS as its ``nn.Linear`` form.
 
     TMS targets are trained with our recipe (``fidelity="ours"``: lr 5e-3, constant), which is also the SPD
-    reference's, whatever APD's default for the setting is (TMS 40-10's APD default trains with linear decay)."""
+    reference's, whatever APD's default for the setting is (TMS 40-10's APD default trains with linear decay).
+
+    Raises ``ValueError`` as :func:`mlpinterp.experiments.apd.get_target`: when the target saved at ``path`` was made
+    with another recipe than the base setting's at ``seed`` (another setting, seed, ``quick`` recipe or lr schedule;
+    the "-id" settings share their base setting's target) or records none."""
     base = name.removesuffix("-id")
     # the base TMS is saved; "+ID" inserts I on loading
     toy, info = get_target(base, seed, path, quick, quiet, fidelity="ours")
@@ -247,8 +251,9 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
     MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
 
-    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides, an unavailable device, or an
-    ``apd_run`` of another setting or with other targets.
+    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides, an unavailable device, an
+    ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target in ``out``
+    made with another recipe (:func:`mlpinterp.experiments.apd.check_target`).
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
@@ -259,6 +264,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         check_device(device)
     out = check_out_dir(out, "spd")
     apd = read_apd_run(apd_run, setting, out) if apd_run is not None else None  # fail before hours of training
+    for seed in range(seeds):  # so are targets of another recipe
+        check_target(setting.removesuffix("-id"), seed, out / f"seed{seed}" / "target.safetensors", quick, "ours")
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
@@ -303,7 +310,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
 
 
 def read_apd_run(apd_run: str | Path, setting: str, out: str | Path | None = None) -> dict:
-    """The ``metrics.json`` of a ``reproduce apd`` run on ``setting`` (TMS 5-2 or 40-10, not an "-id" variant), checked
+    """The ``metrics.json`` of a ``reproduce apd`` run on ``setting`` (TMS 5-2 or 40-10; the "-id" variants are refused: the APD paper has no runs with the identity layer
+    to compare with), checked
     before any training: written by ``reproduce apd`` (not SPD, not another command), not the SPD run's own ``out``,
     made with ``--fidelity ours`` (SPD's TMS targets use that recipe), and with a well-formed record per seed
     (int ``seed``, finite ``mmcs`` / ``ml2r``, per-feature ``max_cos`` / ``l2_ratio`` lists); any preset is accepted

@@ -90,8 +90,12 @@ def trig_functions(x: np.ndarray | torch.Tensor, coeffs: np.ndarray) -> np.ndarr
 def build_gated_trig(
     n_functions: int = 4, neurons_per_function: int = 10, n_layers: int = 2, seed: int = 0
 ) -> tuple[GatedTrigMLP, dict]:
-    """Hand-code the network. Returns ``(model, info)`` with ``info["coefficients"]`` and ``info["owner"]``
-    (``[n_layers, d_mlp]`` function index of every neuron)."""
+    """Hand-code the network. Returns ``(model, info)`` with ``info["coefficients"]``, ``info["owner"]``
+    (``[n_layers, d_mlp]`` function index of every neuron) and ``info["config"]`` (the four arguments, which define
+    the network; targets saved before it was recorded hold ``seed`` and ``neurons_per_function`` only).
+
+    Raises ``TypeError``/``ValueError`` for a non-int argument, a negative ``seed``, ``n_functions < 1``,
+    ``neurons_per_function < 3``, ``n_layers < 1`` or neurons that do not split evenly over the layers."""
     for name, v in (("n_functions", n_functions), ("neurons_per_function", neurons_per_function),
                     ("n_layers", n_layers)):
         check_int(v, name, minimum=None)
@@ -131,8 +135,10 @@ def build_gated_trig(
                     blk.mlp_in.weight[j, 1 + i] = GATE_M
                     blk.mlp_in.bias[j] = -float(knots[k - 1]) - GATE_M
                     blk.mlp_out.weight[-1, j] = float(delta[k - 1])
+    config = {"n_functions": n_functions, "neurons_per_function": neurons_per_function, "n_layers": n_layers,
+              "seed": seed}
     return model, {"coefficients": coeffs.tolist(), "owner": owner.tolist(), "seed": seed,
-                   "neurons_per_function": neurons_per_function}
+                   "neurons_per_function": neurons_per_function, "config": config}
 
 
 def gated_trig_inputs(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -162,6 +162,26 @@ def check_real(v, name: str, lo: float | None = None, hi: float | None = None, l
             rng = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
         raise ValueError(f"{name} must be finite{rng}, got {v}")
     return float(v)
+
+
+def config_differences(saved: Mapping, requested: Mapping) -> list[str]:
+    """The fields in which two configuration mappings (e.g. the ``asdict`` of a stored training recipe and of the one
+    asked for now) differ, each as ``"field: saved S, requested R"`` (``absent`` for a field one side lacks), in the
+    order of ``requested`` then the fields only ``saved`` has; ``[]`` when they are equal. Values compare with ``==``
+    (so ``5`` equals ``5.0``; JSON round trips are exact for floats).
+
+    Raises ``TypeError`` if either argument is not a mapping."""
+    for arg, name in ((saved, "saved"), (requested, "requested")):
+        if not isinstance(arg, Mapping):
+            raise TypeError(f"{name} must be a mapping of configuration fields, got {type(arg).__name__}")
+    missing = object()
+    show = lambda v: "absent" if v is missing else repr(v)
+    out = []
+    for key in [*requested, *(k for k in saved if k not in requested)]:
+        a, b = saved.get(key, missing), requested.get(key, missing)
+        if a is missing or b is missing or a != b:
+            out.append(f"{key}: saved {show(a)}, requested {show(b)}")
+    return out
 
 
 def check_bool(v, name: str) -> bool:
