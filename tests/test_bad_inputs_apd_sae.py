@@ -387,7 +387,7 @@ def test_load_toy_bad_arch(tmp_path, meta, match):
 def test_load_toy_bad_json_and_tensors(tmp_path):
     path = _saved_toy(tmp_path, TMS(5, 2))
     (tmp_path / "t.json").write_text("[1]")
-    with pytest.raises(ValueError, match="must be a JSON object, got list"):
+    with pytest.raises(ValueError, match=r"t.json. holds a JSON list, expected a JSON object"):
         load_toy(path)
     m = TMS(5, 2)
     with torch.no_grad():

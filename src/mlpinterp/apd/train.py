@@ -35,7 +35,14 @@ from mlpinterp.apd.losses import (
     simplicity_loss,
 )
 from mlpinterp.apd.masks import batch_topk_mask, topk_mask
-from mlpinterp.utils.checkpoint import load_training_state, on_device, save_training_state
+from mlpinterp.utils.checkpoint import (
+    check_loss_finite,
+    check_params_finite,
+    explain_failure,
+    load_training_state,
+    on_device,
+    save_training_state,
+)
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor
 
@@ -268,8 +275,11 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     Raises
     ------
     ValueError
-        On an invalid configuration, unknown targets, an unavailable device, or a checkpoint written with another
-        configuration.
+        On an invalid configuration, unknown targets, an unavailable device, a checkpoint written with another
+        configuration or unusable (malformed, mis-shaped, non-finite; see
+        :func:`mlpinterp.utils.checkpoint.load_training_state`), or when the training diverges (a NaN/inf loss or
+        parameters: "APD training diverged at step N ...; lower the learning rate"); no non-finite checkpoint is
+        ever written.
     """
     if not isinstance(cfg, APDConfig):
         raise TypeError(f"cfg must be an APDConfig, got {type(cfg).__name__}")
@@ -301,9 +311,13 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
         with progress_bar(cfg.steps, initial=start, desc="APD", quiet=quiet) as bar:
             for step in range(start, cfg.steps):
                 _apd_step(model, comps, opt, sample, cfg, target_weights, step, start, history, bar, callback)
-                if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
-                    save_training_state(ckpt, comps, opt, step + 1, asdict(cfg), history,
-                                        prev_seconds + time.perf_counter() - t0)
+                last = step == cfg.steps - 1
+                if last or (ckpt is not None and (step + 1) % cfg.checkpoint_every == 0):
+                    # never return or checkpoint NaN / inf (or parameters so large that they overflow)
+                    check_params_finite("APD", step, comps, cfg.lr, lambda: faithfulness_loss(comps, target_weights))
+                    if ckpt is not None:
+                        save_training_state(ckpt, comps, opt, step + 1, asdict(cfg), history,
+                                            prev_seconds + time.perf_counter() - t0)
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])
@@ -318,7 +332,12 @@ def _apd_step(model, comps, opt, sample, cfg, target_weights, step, start, histo
     x = sample(step)
     x = x.to(target_weights[comps.sites[0].name].device) if isinstance(x, torch.Tensor) else x
     x = _check_batch(model, x, step, first=step == start)
-    total, logs = apd_losses(model, comps, x, cfg, target_weights)
+    try:
+        total, logs = apd_losses(model, comps, x, cfg, target_weights)
+    except ValueError as e:  # NaN/inf attributions or masks: diverged if the parameters blew up
+        explain_failure("APD", step, e, comps, lambda: faithfulness_loss(comps, target_weights), cfg.lr)
+        raise
+    check_loss_finite("APD", step, logs["total"], cfg.lr)  # already read for the logs: no extra synchronisation
     opt.zero_grad(set_to_none=True)
     total.backward()
     opt.step()

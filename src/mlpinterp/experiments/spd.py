@@ -369,8 +369,8 @@ def check_same_target(apd: dict, out: Path, seed: int) -> None:
     theirs_path = Path(apd["dir"]) / f"seed{seed}" / "target.safetensors"
     if not any(int(m["seed"]) == seed for m in apd["per_seed"]):
         return
-    ours, _ = load_tensors(out / f"seed{seed}" / "target.safetensors")
-    theirs, _ = load_tensors(theirs_path)
+    ours, _ = load_tensors(out / f"seed{seed}" / "target.safetensors", what="target")
+    theirs, _ = load_tensors(theirs_path, what="APD target")
     if sorted(ours) != sorted(theirs) or any(not torch.equal(ours[k], theirs[k]) for k in ours):
         raise ValueError(f"apd_run: seed {seed}'s target in {apd['dir']!r} differs from ours in {str(out)!r} (another "
                          f"target recipe or --fidelity {apd.get('fidelity')!r}); compare runs on the same targets: "

@@ -31,7 +31,14 @@ from mlpinterp.spd.losses import (
 )
 from mlpinterp.spd.masks import stochastic_mask
 from mlpinterp.toys.data import step_generator
-from mlpinterp.utils.checkpoint import load_training_state, on_device, save_training_state
+from mlpinterp.utils.checkpoint import (
+    check_loss_finite,
+    check_params_finite,
+    explain_failure,
+    load_training_state,
+    on_device,
+    save_training_state,
+)
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
@@ -211,7 +218,10 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     ------
     ValueError
         On unknown targets, ``reads`` or ``tied`` sites, tied sites whose target weights are not transposes, an
-        unavailable device, a batch the model rejects, or a checkpoint written with another configuration.
+        unavailable device, a batch the model rejects, a checkpoint written with another configuration or unusable
+        (malformed, mis-shaped, non-finite; see :func:`mlpinterp.utils.checkpoint.load_training_state`), or when the
+        training diverges (a NaN/inf loss or parameters: "SPD training diverged at step N ...; lower the learning
+        rate"); no non-finite checkpoint is ever written.
     """
     if not isinstance(cfg, SPDConfig):
         raise TypeError(f"cfg must be an SPDConfig, got {type(cfg).__name__}")
@@ -248,7 +258,13 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
                 x = sample(step)
                 x = x.to(device=dev, dtype=dtype) if isinstance(x, torch.Tensor) else x
                 x = check_batch_tensor(x, f"sample({step})", model if step == start else None)
-                total, logs = spd_losses(model, dec, x, cfg, target_weights, mask_generator(cfg.seed, step, dev))
+                try:
+                    total, logs = spd_losses(model, dec, x, cfg, target_weights, mask_generator(cfg.seed, step, dev))
+                except ValueError as e:  # NaN/inf importances or masks: diverged if the parameters blew up
+                    explain_failure("SPD", step, e, dec,
+                                    lambda: faithfulness_loss(dec.components, target_weights), cfg.lr)
+                    raise
+                check_loss_finite("SPD", step, logs["total"], cfg.lr)  # read for the logs anyway: no extra sync
                 opt.zero_grad(set_to_none=True)
                 total.backward()
                 opt.step()
@@ -259,9 +275,14 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
                     if callback is not None:
                         callback(step, dec, logs)
                 bar.advance()
-                if ckpt is not None and ((step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1):
-                    save_training_state(ckpt, dec, opt, step + 1, asdict(cfg), history,
-                                        prev + time.perf_counter() - t0, prefix="spd")
+                last = step == cfg.steps - 1
+                if last or (ckpt is not None and (step + 1) % cfg.checkpoint_every == 0):
+                    # never return or checkpoint NaN / inf (or parameters so large that they overflow)
+                    check_params_finite("SPD", step, dec, cfg.lr,
+                                        lambda: faithfulness_loss(dec.components, target_weights))
+                    if ckpt is not None:
+                        save_training_state(ckpt, dec, opt, step + 1, asdict(cfg), history,
+                                            prev + time.perf_counter() - t0, prefix="spd")
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])

@@ -56,7 +56,7 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     from mlpinterp.toys.resid_mlp import ResidualMLP
     from mlpinterp.toys.tms import TMS
 
-    tensors, meta = load_tensors(path)
+    tensors, meta = load_tensors(path, what="model")
     identity = False
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")

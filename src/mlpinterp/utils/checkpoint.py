@@ -8,28 +8,144 @@ a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from mlpinterp.utils.io import load_tensors, save_tensors
-from mlpinterp.utils.validation import check_device
+from mlpinterp.utils.validation import check_device, nonfinite_names
+
+RESTART_FIX = ("delete the checkpoint (checkpoint.safetensors and checkpoint.json) to restart the run from step 0, "
+               "or use another out directory")
+"""The fix appended to every error about an unusable checkpoint."""
 
 
 def _norm(v):
     return [_norm(x) for x in v] if isinstance(v, (tuple, list)) else v
 
 
+def _some(names) -> str:
+    names = sorted(names)
+    return repr(names) if len(names) <= 6 else f"{names[:6]!r} and {len(names) - 6} more"
+
+
 def save_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, config: dict,
                         history: list[dict], seconds: float, prefix: str = "comp") -> None:
-    """Write the checkpoint atomically (``prefix`` names the module's tensors; APD's are ``comp.*``)."""
+    """Write the checkpoint atomically (``prefix`` names the module's tensors; APD's are ``comp.*``).
+
+    Raises ``ValueError`` naming ``path`` (and writes nothing) when a parameter or optimiser tensor holds NaN or inf:
+    a resumed run must never start from a diverged state.
+    """
     tensors = {f"{prefix}.{k}": v.detach() for k, v in module.state_dict().items()}
     for i, st in opt.state_dict()["state"].items():
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    bad = nonfinite_names(tensors)
+    if bad:
+        raise ValueError(f"refusing to write checkpoint {str(path)!r} at step {step}: tensors {_some(bad)} hold NaN or "
+                         "inf (the training diverged); lower the learning rate")
     save_tensors(path, tensors, {"step": step, "config": config, "history": history, "seconds": seconds})
+
+
+def _adam_state_names(opt: torch.optim.Optimizer) -> set[str] | None:
+    """The per-parameter state an Adam/AdamW optimiser keeps once it has stepped (``None`` for other optimisers)."""
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return None
+    names = {"step", "exp_avg", "exp_avg_sq"}
+    return names | {"max_exp_avg_sq"} if any(g.get("amsgrad") for g in opt.param_groups) else names
+
+
+def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str]) -> tuple[int, list, float]:
+    """``(step, history, seconds)`` from checkpoint metadata, checked field by field (``ValueError`` naming the file)."""
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"checkpoint metadata {str(meta_path)!r} {problem}; {RESTART_FIX}")
+
+    missing = [k for k in ("step", "config", "history") if k not in meta]
+    if missing:
+        raise bad(f"lacks the field(s) {missing} (it holds {sorted(meta)})")
+    saved = meta["config"]
+    if not isinstance(saved, dict):
+        raise bad(f"has 'config' = {saved!r} ({type(saved).__name__}), expected a JSON object")
+    diff = {k for k in config if k not in ignore and _norm(saved.get(k)) != _norm(config[k])}
+    if diff:
+        raise ValueError(f"checkpoint {str(meta_path.with_suffix('.safetensors'))!r} was written with a different "
+                         f"configuration (fields {sorted(diff)}); use another out_dir or delete the checkpoint")
+    step = meta["step"]
+    steps = config.get("steps")
+    hi = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or (hi is not None and step > hi):
+        rng = f"an integer in [0, {hi}] (the configured number of steps)" if hi is not None else "an integer >= 0"
+        raise bad(f"has 'step' = {step!r}, expected {rng}")
+    history = meta["history"]
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise bad(f"has 'history' of type {type(history).__name__}, expected a JSON list of objects")
+    seconds = meta.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise bad(f"has 'seconds' = {seconds!r}, expected a finite number >= 0")
+    return step, list(history), float(seconds)
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor], path: Path, module: nn.Module, opt: torch.optim.Optimizer,
+                   step: int, prefix: str) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, torch.Tensor]]]:
+    """Split the checkpoint's tensors into the module's state dict and the optimiser's per-parameter state, checking
+    names, shapes, dtypes and finiteness against ``module`` and ``opt`` (``ValueError`` naming ``path``)."""
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"checkpoint {str(path)!r} {problem}; {RESTART_FIX}")
+
+    expected = module.state_dict()
+    mod = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    names = _adam_state_names(opt)
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    unknown = []
+    for k, v in tensors.items():
+        if k.startswith(prefix + "."):
+            continue
+        parts = k.split(".", 2)
+        if (len(parts) != 3 or parts[0] != "opt" or not parts[1].isdigit() or int(parts[1]) >= len(params)
+                or (names is not None and parts[2] not in names)):
+            unknown.append(k)
+        else:
+            state.setdefault(int(parts[1]), {})[parts[2]] = v
+    missing = [f"{prefix}.{k}" for k in expected if k not in mod]
+    extra = [f"{prefix}.{k}" for k in mod if k not in expected] + unknown
+    if missing or extra:
+        parts = ([f"missing tensors {_some(missing)}"] if missing else []) + (
+            [f"unexpected tensors {_some(extra)}"] if extra else [])
+        raise bad(f"does not match this {type(module).__name__} ({', '.join(parts)})")
+    for k, want in expected.items():
+        got = mod[k]
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise bad(f"has tensor {prefix}.{k} of shape {list(got.shape)} and dtype {got.dtype}, expected shape "
+                      f"{list(want.shape)} and dtype {want.dtype}")
+    for i, st in state.items():
+        p = params[i]
+        if names is not None and set(st) != names:
+            raise bad(f"has optimiser state {sorted(st)} for parameter {i}, expected {sorted(names)}")
+        for name, v in st.items():
+            if name == "step":
+                ok = v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool
+                val = float(v.reshape(())) if ok else math.nan
+                if not (math.isfinite(val) and val == int(val) and 0 <= val <= step):
+                    raise bad(f"has optimiser step count opt.{i}.step = {v.tolist()!r}, expected an integer in "
+                              f"[0, {step}] (the checkpoint's step)")
+            elif v.shape != p.shape or v.dtype != p.dtype:
+                raise bad(f"has optimiser state opt.{i}.{name} of shape {list(v.shape)} and dtype {v.dtype}, "
+                          f"expected shape {list(p.shape)} and dtype {p.dtype} (those of parameter {i})")
+    counts = [float(st["step"].reshape(())) for st in state.values() if "step" in st]
+    if names is not None and step > 0 and (not counts or max(counts) != step):
+        raise bad(f"says step {step} but its optimiser state has made {int(max(counts)) if counts else 0} step(s) "
+                  "(hand-edited or mixed-up files)")
+    nonfinite = nonfinite_names(tensors)
+    if nonfinite:
+        raise bad(f"holds NaN or inf in {_some(nonfinite)} (the run that wrote it diverged; lower the learning "
+                  "rate)")
+    return mod, state
 
 
 def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimizer, config: dict,
@@ -37,28 +153,91 @@ def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
                         prefix: str = "comp") -> tuple[int, list, float]:
     """Restore ``module`` and ``opt`` from ``path``; returns ``(step, history, seconds)``.
 
-    Raises ``ValueError`` when the checkpoint was written with a different configuration (fields other than
-    ``ignore``), naming the fields, or when it is corrupt (from :func:`mlpinterp.utils.io.load_tensors`).
+    Nothing is cast or guessed: every tensor must have the name, shape and dtype of the module's state dict or the
+    optimiser's state and be finite, and the metadata must hold an integer ``step`` in ``[0, config["steps"]]``
+    (matching the optimiser's own step count), a ``config`` object and a ``history`` list.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        When the checkpoint was written with a different configuration (fields other than ``ignore``), naming the
+        fields; or when either file is corrupt, not UTF-8 JSON, has missing or malformed metadata fields, missing,
+        unexpected, mis-shaped or mis-typed tensors, or NaN/inf values. Each message names the file, what is wrong
+        and the fix (delete the checkpoint to restart, or use another out directory).
     """
-    tensors, meta = load_tensors(path)
-    saved = meta.get("config", {})
-    ignore = set(ignore)
-    diff = {k for k in config if k not in ignore and _norm(saved.get(k)) != _norm(config[k])}
-    if diff:
-        raise ValueError(f"checkpoint {str(path)!r} was written with a different configuration (fields {sorted(diff)}); "
-                         "use another out_dir or delete the checkpoint")
+    path = Path(path)
+    try:
+        tensors, meta = load_tensors(path, what="checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}; {RESTART_FIX}") from e
+    step, history, seconds = _check_meta(meta, path.with_suffix(".json"), config, set(ignore))
+    mod, state = _check_tensors(tensors, path, module, opt, step, prefix)
     dev = next((p.device for p in module.parameters()), torch.device("cpu"))
-    n = len(prefix) + 1
-    module.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
-    sd = opt.state_dict()
-    state: dict = {}
-    for k, v in tensors.items():
-        if k.startswith("opt."):
-            _, i, name = k.split(".", 2)
-            state.setdefault(int(i), {})[name] = v if name == "step" else v.to(dev)
-    sd["state"] = state
-    opt.load_state_dict(sd)
-    return int(meta["step"]), list(meta.get("history", [])), float(meta.get("seconds", 0.0))
+    try:
+        module.load_state_dict(mod)
+        sd = opt.state_dict()
+        sd["state"] = {i: {k: v if k == "step" else v.to(dev) for k, v in st.items()} for i, st in state.items()}
+        opt.load_state_dict(sd)
+    except (RuntimeError, KeyError, ValueError) as e:  # defensive: the checks above should have caught it
+        raise ValueError(f"checkpoint {str(path)!r} does not fit the model or optimiser ({e}); {RESTART_FIX}") from e
+    return step, history, seconds
+
+
+class TrainingDiverged(ValueError):
+    """A training run produced NaN or inf (a ``ValueError``); ``step`` is where, ``fix`` the line the CLI prints."""
+
+    fix = ("rerun with a lower --lr and another --out (the checkpoint in this --out belongs to the old lr; no "
+           "checkpoint with NaN or inf is ever written)")
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+def diverged(what: str, step: int, detail: str, lr: float) -> TrainingDiverged:
+    """The error of a training run (``what``: "APD", "SPD") that produced NaN or inf at ``step``."""
+    return TrainingDiverged(f"{what} training diverged at step {step} ({detail}); lower the learning rate "
+                            f"(lr = {lr:g}; --lr on the command line)", step)
+
+
+def check_loss_finite(what: str, step: int, loss: float, lr: float) -> None:
+    """Raise :func:`diverged` when the loss of ``step`` (a Python float the loop has already read) is NaN or inf."""
+    if not math.isfinite(loss):
+        raise diverged(what, step, f"loss {loss}", lr)
+
+
+def check_params_finite(what: str, step: int, module: nn.Module, lr: float,
+                        probe: Callable[[], torch.Tensor] | None = None) -> None:
+    """Raise :func:`diverged` when a parameter of ``module`` holds NaN or inf after the optimiser step of ``step``, or
+    when ``probe()`` (a loss that depends on the parameters only, e.g. faithfulness) does: finite parameters so large
+    that they overflow (a huge learning rate). Two device synchronisations: call it before writing a checkpoint and at
+    the end, not every step."""
+    bad = nonfinite_names(module.named_parameters())
+    if bad:
+        raise diverged(what, step, f"parameters {_some(bad)} are NaN or inf after the optimiser step", lr)
+    if probe is not None:
+        with torch.no_grad():
+            value = float(probe())
+        if not math.isfinite(value):
+            raise diverged(what, step, f"the parameters overflow after the optimiser step: faithfulness loss {value}",
+                           lr)
+
+
+def explain_failure(what: str, step: int, err: ValueError, module: nn.Module, probe: Callable[[], torch.Tensor],
+                    lr: float) -> None:
+    """Called when the losses of ``step`` raised ``err`` (e.g. a NaN/inf check inside the forward pass): raise
+    :func:`diverged` (chained to ``err``) when the parameters of ``module`` or ``probe()`` (a loss that depends on the
+    parameters only, e.g. faithfulness) are NaN or inf, i.e. when the previous update blew the parameters up; return
+    otherwise, so that the caller re-raises ``err``."""
+    bad = nonfinite_names(module.named_parameters())
+    if bad:
+        raise diverged(what, step, f"{err}; parameters {_some(bad)} are NaN or inf", lr) from err
+    with torch.no_grad():
+        value = float(probe())
+    if not math.isfinite(value):
+        raise diverged(what, step, f"{err}; the parameters overflow: faithfulness loss {value}", lr) from err
 
 
 def on_device(model: nn.Module, device) -> tuple[nn.Module, torch.device]:

@@ -88,47 +88,47 @@ def tensors_path(path: str | os.PathLike) -> Path:
     return path if path.suffix == ".safetensors" else path.with_name(path.name + ".safetensors")
 
 
-def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+def load_tensors(path: str | os.PathLike, *, what: str = "file") -> tuple[dict[str, torch.Tensor], dict]:
     """Load a ``.safetensors`` file and its sibling ``.json`` metadata (``{}`` if absent).
 
     ``path`` may be the name given to ``save_tensors`` (``NAME``, loaded from ``NAME.safetensors`` when ``NAME``
-    itself does not exist) or the returned ``.safetensors`` path.
+    itself does not exist) or the returned ``.safetensors`` path. ``what`` names the file in error messages (e.g.
+    ``"checkpoint"``, ``"model"``); the caller adds the fix that fits it.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the file is not a valid safetensors file (corrupt or truncated) or the JSON is invalid.
+        If the file is not a valid safetensors file (corrupt or truncated), or the JSON is not valid UTF-8 JSON or
+        not a JSON object (via :func:`read_json`), naming the file.
     """
     path = Path(path)
     if not path.exists() and tensors_path(path).exists():
         path = tensors_path(path)
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types on corruption
-        raise ValueError(f"checkpoint {str(path)!r} is not a valid safetensors file ({e})") from e
+        raise ValueError(f"{what} {str(path)!r} is not a valid safetensors file ({e})") from e
     meta_path = path.with_suffix(".json")
-    meta: dict = {}
-    if meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"metadata {str(meta_path)!r} is not valid JSON ({e})") from e
+    meta = read_json(meta_path, what=f"{what} metadata", fix=None) if meta_path.exists() else {}
     return tensors, meta
 
 
-def read_json(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict) -> Any:
-    """The JSON content of ``path``; ``ValueError`` naming the file if it is not valid JSON or (with ``expect``)
-    not of that type, e.g. a truncated or hand-edited ``config.json`` (``FileNotFoundError`` if it is missing)."""
+def read_json(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict,
+              fix: str | None = "delete it to recompute it") -> Any:
+    """The JSON content of ``path``; ``ValueError`` naming the file (``what``) if it is not valid UTF-8 JSON or
+    (with ``expect``) not of that type, e.g. a truncated or hand-edited ``config.json``, followed by ``fix`` (``None``:
+    no fix, the caller adds its own); ``FileNotFoundError`` if it is missing."""
     path = Path(path)
+    tail = f"; {fix}" if fix else ""
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({e}); delete it to recompute it") from e
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({e}){tail}") from e
     if expect is not None and not isinstance(obj, expect):
         raise ValueError(f"{what} {str(path)!r} holds a JSON {type(obj).__name__}, expected a JSON "
-                         f"{'object' if expect is dict else expect.__name__}; delete it to recompute it")
+                         f"{'object' if expect is dict else expect.__name__}{tail}")
     return obj

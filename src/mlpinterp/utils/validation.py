@@ -191,6 +191,21 @@ def check_bool(v, name: str) -> bool:
     return bool(v)
 
 
+def nonfinite_names(named) -> list[str]:
+    """Names of the floating-point tensors holding NaN or inf, from ``(name, tensor)`` pairs or a mapping (e.g.
+    ``module.named_parameters()``, a state dict); integer and bool tensors are skipped. One reduction per tensor,
+    read back once (a single device synchronisation)."""
+    import torch
+
+    items = list(named.items() if hasattr(named, "items") else named)
+    flt = [(k, t) for k, t in items if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not flt:
+        return []
+    dev = flt[0][1].device
+    ok = torch.stack([torch.isfinite(t.detach()).all().to(dev) for _, t in flt]).tolist()
+    return [k for (k, _), good in zip(flt, ok, strict=True) if not good]
+
+
 def check_callable(v, name: str, what: str = "a callable"):
     """``v`` must be callable; raises ``TypeError`` naming ``name`` and ``what`` was expected."""
     if not callable(v):
