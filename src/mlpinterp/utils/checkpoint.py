@@ -73,7 +73,9 @@ def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str]) -> 
     diff = {k for k in config if k not in ignore and _norm(saved.get(k)) != _norm(config[k])}
     if diff:
         raise ValueError(f"checkpoint {str(meta_path.with_suffix('.safetensors'))!r} was written with a different "
-                         f"configuration (fields {sorted(diff)}); use another out_dir or delete the checkpoint")
+                         f"configuration (fields {sorted(diff)}: "
+                         + "; ".join(f"{k} saved {saved.get(k)!r}, requested {config[k]!r}" for k in sorted(diff))
+                         + "); use another out_dir or delete the checkpoint")
     step = meta["step"]
     steps = config.get("steps")
     hi = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
