@@ -210,21 +210,28 @@ def check_loss_finite(what: str, step: int, loss: float, lr: float) -> None:
         raise diverged(what, step, f"loss {loss}", lr)
 
 
+def _check_finite(what: str, step: int, module: nn.Module, lr: float, probe: Callable[[], torch.Tensor] | None,
+                  prefix: str, suffix: str, err: Exception | None = None) -> None:
+    """Raise :func:`diverged` (chained to ``err``) when a parameter of ``module`` or ``probe()`` is NaN or inf;
+    ``prefix`` and ``suffix`` frame what is found."""
+    bad = nonfinite_names(module.named_parameters())
+    if bad:
+        raise diverged(what, step, f"{prefix}parameters {_some(bad)} are NaN or inf{suffix}", lr) from err
+    if probe is not None:
+        with torch.no_grad():
+            value = float(probe())
+        if not math.isfinite(value):
+            raise diverged(what, step, f"{prefix}the parameters overflow{suffix}: faithfulness loss {value}",
+                           lr) from err
+
+
 def check_params_finite(what: str, step: int, module: nn.Module, lr: float,
                         probe: Callable[[], torch.Tensor] | None = None) -> None:
     """Raise :func:`diverged` when a parameter of ``module`` holds NaN or inf after the optimiser step of ``step``, or
     when ``probe()`` (a loss that depends on the parameters only, e.g. faithfulness) does: finite parameters so large
     that they overflow (a huge learning rate). Two device synchronisations: call it before writing a checkpoint and at
     the end, not every step."""
-    bad = nonfinite_names(module.named_parameters())
-    if bad:
-        raise diverged(what, step, f"parameters {_some(bad)} are NaN or inf after the optimiser step", lr)
-    if probe is not None:
-        with torch.no_grad():
-            value = float(probe())
-        if not math.isfinite(value):
-            raise diverged(what, step, f"the parameters overflow after the optimiser step: faithfulness loss {value}",
-                           lr)
+    _check_finite(what, step, module, lr, probe, "", " after the optimiser step")
 
 
 def explain_failure(what: str, step: int, err: ValueError, module: nn.Module, probe: Callable[[], torch.Tensor],
@@ -233,13 +240,7 @@ def explain_failure(what: str, step: int, err: ValueError, module: nn.Module, pr
     :func:`diverged` (chained to ``err``) when the parameters of ``module`` or ``probe()`` (a loss that depends on the
     parameters only, e.g. faithfulness) are NaN or inf, i.e. when the previous update blew the parameters up; return
     otherwise, so that the caller re-raises ``err``."""
-    bad = nonfinite_names(module.named_parameters())
-    if bad:
-        raise diverged(what, step, f"{err}; parameters {_some(bad)} are NaN or inf", lr) from err
-    with torch.no_grad():
-        value = float(probe())
-    if not math.isfinite(value):
-        raise diverged(what, step, f"{err}; the parameters overflow: faithfulness loss {value}", lr) from err
+    _check_finite(what, step, module, lr, probe, f"{err}; ", "", err)
 
 
 def on_device(model: nn.Module, device) -> tuple[nn.Module, torch.device]:
