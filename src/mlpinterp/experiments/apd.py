@@ -493,7 +493,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     if fidelity == "reference":
         reference_overrides(setting)  # raises for a setting that is not TMS
     # everything that can be refused is refused before minutes of target training
-    apd_config(setting, quick, 0, fidelity, **(overrides or {}))
+    cfg0 = apd_config(setting, quick, 0, fidelity, **(overrides or {}))
     if device is not None:
         check_device(device)
     out = check_out_dir(out, "apd")
@@ -522,7 +522,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     result = {"method": "apd", "setting": setting, "quick": quick,
               "overrides": recipe_overrides(apd_config(setting, quick, 0, fidelity), overrides),
               "seeds": seeds, "fidelity": fidelity,
-              "config": asdict(apd_config(setting, quick, 0, fidelity, **(overrides or {}))), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
+              "config": asdict(cfg0), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu"}
     if all("max_cos" in m for m in per_seed):
