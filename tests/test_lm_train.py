@@ -159,7 +159,7 @@ def test_bad_input_errors(tmp_path, text_dir):
     with pytest.raises(ValueError, match=r"held-out documents \['tiny_test.txt'\].*fewer than ctx_len=16"):
         train_lm(LmTrainConfig(**TINY), tmp_path / "y", text_dir=short, quiet=True)
     train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)
-    with pytest.raises(RunConflictError, match=r"lr saved 0.001, requested 0.002") as e:
+    with pytest.raises(RunConflictError, match=r"lr: saved 0.001, requested 0.002") as e:
         train_lm(LmTrainConfig(**{**TINY, "lr": 2e-3}), tmp_path / "run", text_dir=text_dir, quiet=True)
     assert "another --out" in e.value.fix
     (text_dir / "a.txt").write_text("another corpus " * 500)

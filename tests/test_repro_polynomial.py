@@ -261,7 +261,7 @@ def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path)
     r = CliRunner().invoke(app, [*base, "--steps", "32", "--covariance", "empirical"])
     assert r.exit_code == 1 and not isinstance(r.exception, (ValueError, OSError))
     text = flat(r.output)
-    assert "holds config.json of another run (covariance saved 'ledoit-wolf', requested 'empirical')" in text
+    assert "holds config.json of another run (covariance: saved 'ledoit-wolf', requested 'empirical')" in text
     assert "Fix: to continue the run" in text and "--covariance ledoit-wolf" in text and "Traceback" not in text
 
     (out / "seed0" / "eval" / "step_0000024.json").write_text("{cut")

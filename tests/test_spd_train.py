@@ -73,7 +73,7 @@ def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert [e["total"] for e in full.history] == [e["total"] for e in resumed.history]
-    with pytest.raises(ValueError, match=f"different configuration \\(fields \\['C'\\]: C saved {cfg.C}, requested 9\\)"):
+    with pytest.raises(ValueError, match=f"different configuration \\(C: saved {cfg.C}, requested 9\\)"):
         decompose(model, _sample, with_overrides(cfg, C=9), out_dir=tmp_path, quiet=True)
 
 

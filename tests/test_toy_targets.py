@@ -23,7 +23,7 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
-from mlpinterp.utils.validation import config_differences
+from mlpinterp.utils.validation import ABSENT, config_diff, config_differences
 
 torch.set_num_threads(1)
 
@@ -162,6 +162,12 @@ def test_config_differences():
         "a: saved 1, requested 2", "b: saved absent, requested 3", "c: saved 'x', requested absent"]
     with pytest.raises(TypeError, match="saved must be a mapping"):
         config_differences([1], {})
+    # a configuration read back from JSON holds lists where the dataclass holds tuples: equal
+    assert config_differences({"tied": [["a", "b"]]}, {"tied": (("a", "b"),)}) == []
+    assert config_differences({"tied": [["a", "c"]]}, {"tied": (("a", "b"),)}) == [
+        "tied: saved [['a', 'c']], requested (('a', 'b'),)"]
+    assert config_diff({"steps": 1, "lr": 1.0}, {"steps": 2, "lr": 2.0}, ignore={"steps"}) == {"lr": (1.0, 2.0)}
+    assert config_diff({}, {"x": None}) == {"x": (ABSENT, None)}  # absent is not None
 
 
 # ----------------------------------------------------------------------------------------------------- CLI

@@ -262,7 +262,7 @@ def test_extending_steps_is_bit_identical(digits, tmp_path, reference_run):
 
 
 def test_out_dir_of_another_run_is_refused(digits, reference_run):
-    with pytest.raises(RunConflictError, match=r"another run \(lr saved 0.005, requested 0.001\)") as info:
+    with pytest.raises(RunConflictError, match=r"another run \(lr: saved 0.005, requested 0.001\)") as info:
         train_classifier(small_cfg(lr=1e-3), digits, reference_run, progress=False)
     assert info.value.diff == {"lr": (5e-3, 1e-3)}
     assert "lr=0.005" in info.value.fix and isinstance(info.value, ValueError)

@@ -35,6 +35,7 @@ from mlpinterp.utils.progress import progress_bar
 __all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.validation import config_diff
 
 RESUMABLE_CHANGES = ("seeds", "steps", "data_path")
 """Settings that may change between runs into one output directory (more seeds, longer or shorter training, the
@@ -59,8 +60,7 @@ def _check_resume(out: Path, r: dict) -> None:
     old = _read_json(f)
     if not isinstance(old, dict):
         raise ValueError(f"{str(f)!r} must hold a JSON object; delete it and rerun")
-    diff = {k: (old.get(k), r.get(k)) for k in sorted(set(old) | set(r))
-            if k not in RESUMABLE_CHANGES and old.get(k) != r.get(k)}
+    diff = config_diff(old, r, ignore=RESUMABLE_CHANGES)
     if diff:
         raise RunConflictError(out, "config.json", diff)
 

@@ -38,6 +38,7 @@ import torch
 from mlpinterp.experiments.transformer_config import TransformerExperiment
 from mlpinterp.ffn.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.validation import config_diff
 
 # ------------------------------------------------------------------------------------------------ capture cache
 
@@ -262,7 +263,7 @@ def _check_config(out: Path, exp: TransformerExperiment) -> dict:
         if old != cfg:
             from mlpinterp.models import RunConflictError
 
-            diff = {k: (old.get(k), cfg.get(k)) for k in set(old) | set(cfg) if old.get(k) != cfg.get(k)}
+            diff = config_diff(old, cfg)
             raise RunConflictError(out, "config.json of a run with another configuration", diff,
                                    fix="continue it with its own settings, use a new --out or delete the directory")
     return cfg

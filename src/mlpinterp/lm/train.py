@@ -47,7 +47,7 @@ from mlpinterp.models.train import RunConflictError
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.validation import check_instance, check_int
+from mlpinterp.utils.validation import check_instance, check_int, config_diff
 
 CHECKPOINT_FORMAT = "mlpinterp.lm_train/1"
 """``format`` field of the checkpoint metadata."""
@@ -189,10 +189,10 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
     saved = None
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
         saved = read_json(ckpt.with_suffix(".json"), what="checkpoint metadata")
-        diff = {k: (saved.get("config", {}).get(k), v) for k, v in cfg.to_dict().items()
-                if saved.get("config", {}).get(k) != v}
-        diff.update({k: (saved.get("corpus", {}).get(k), v) for k, v in corpus.items()
-                     if k.endswith("digest") and saved.get("corpus", {}).get(k) != v})
+        digests = [k for k in corpus if k.endswith("digest")]
+        diff = config_diff(saved.get("config", {}), cfg.to_dict())
+        diff.update(config_diff({k: v for k, v in saved.get("corpus", {}).items() if k in digests},
+                                {k: corpus[k] for k in digests}))
         if diff:
             raise RunConflictError(out, "a train-lm checkpoint", diff,
                                    fix="pass the saved settings to resume that run, or choose another --out (or "

@@ -39,6 +39,7 @@ from mlpinterp.models.classifier import Classifier, ClassifierConfig
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import load_tensors, save_tensors
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.validation import config_diff, describe_diff
 
 CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
 """``format`` field of checkpoint metadata."""
@@ -178,8 +179,8 @@ class RunConflictError(ValueError):
 
     def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple], fix: str | None = None):
         self.out_dir, self.diff = Path(out_dir), dict(diff)
-        what = ", ".join(f"{k} saved {a!r}, requested {b!r}" for k, (a, b) in sorted(self.diff.items()))
-        saved = ", ".join(f"{k}={a!r}" for k, (a, _) in sorted(self.diff.items()))
+        what = "; ".join(describe_diff(self.diff))
+        saved = ", ".join(f"{k}={a!r}" for k, (a, _) in self.diff.items())
         self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
                            f"output directory or delete {str(self.out_dir)!r}")
         self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
@@ -188,11 +189,7 @@ class RunConflictError(ValueError):
 
 def _run_diff(meta: dict, cfg: ClassifierConfig, data: Dataset) -> dict[str, tuple]:
     """``{field: (saved, requested)}`` for every setting (other than ``steps``) where a checkpoint differs."""
-    saved = dict(meta.get("config") or {})
-    want = cfg.to_dict()
-    saved.pop("steps", None)
-    want.pop("steps")
-    diff = {k: (saved.get(k), want.get(k)) for k in set(saved) | set(want) if saved.get(k) != want.get(k)}
+    diff = config_diff(meta.get("config") or {}, cfg.to_dict(), ignore={"steps"})
     if meta.get("dataset") != data.name:
         diff["dataset"] = (meta.get("dataset"), data.name)
     return diff

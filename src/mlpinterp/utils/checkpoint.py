@@ -16,15 +16,11 @@ import torch
 from torch import nn
 
 from mlpinterp.utils.io import load_tensors, save_tensors
-from mlpinterp.utils.validation import check_device, nonfinite_names
+from mlpinterp.utils.validation import check_device, config_differences, nonfinite_names
 
 RESTART_FIX = ("delete the checkpoint (checkpoint.safetensors and checkpoint.json) to restart the run from step 0, "
                "or use another out directory")
 """The fix appended to every error about an unusable checkpoint."""
-
-
-def _norm(v):
-    return [_norm(x) for x in v] if isinstance(v, (tuple, list)) else v
 
 
 def _some(names) -> str:
@@ -70,12 +66,10 @@ def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str]) -> 
     saved = meta["config"]
     if not isinstance(saved, dict):
         raise bad(f"has 'config' = {saved!r} ({type(saved).__name__}), expected a JSON object")
-    diff = {k for k in config if k not in ignore and _norm(saved.get(k)) != _norm(config[k])}
+    diff = config_differences(saved, config, ignore)
     if diff:
         raise ValueError(f"checkpoint {str(meta_path.with_suffix('.safetensors'))!r} was written with a different "
-                         f"configuration (fields {sorted(diff)}: "
-                         + "; ".join(f"{k} saved {saved.get(k)!r}, requested {config[k]!r}" for k in sorted(diff))
-                         + "); use another out_dir or delete the checkpoint")
+                         f"configuration ({'; '.join(diff)}); use another out_dir or delete the checkpoint")
     step = meta["step"]
     steps = config.get("steps")
     hi = steps if isinstance(steps, int) and not isinstance(steps, bool) else None

@@ -164,24 +164,50 @@ def check_real(v, name: str, lo: float | None = None, hi: float | None = None, l
     return float(v)
 
 
-def config_differences(saved: Mapping, requested: Mapping) -> list[str]:
-    """The fields in which two configuration mappings (e.g. the ``asdict`` of a stored training recipe and of the one
-    asked for now) differ, each as ``"field: saved S, requested R"`` (``absent`` for a field one side lacks), in the
-    order of ``requested`` then the fields only ``saved`` has; ``[]`` when they are equal. Values compare with ``==``
-    (so ``5`` equals ``5.0``; JSON round trips are exact for floats).
+class _Absent:
+    """The value of a configuration field that one side lacks (printed ``absent``)."""
 
-    Raises ``TypeError`` if either argument is not a mapping."""
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()
+
+
+def _json_form(v):
+    """Tuples and lists compare equal (a configuration read back from JSON holds lists)."""
+    return [_json_form(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def config_diff(saved: Mapping, requested: Mapping, ignore=()) -> dict[str, tuple]:
+    """``{field: (saved value, requested value)}`` for every field of either mapping, except those in ``ignore``,
+    whose values differ, in the order of ``requested`` then the fields only ``saved`` has; a field one side lacks
+    has :data:`ABSENT` there. Values compare with ``==`` after tuples become lists (so ``5`` equals ``5.0`` and a
+    tuple equals the list a JSON round trip made of it).
+
+    The one comparison of a stored configuration with the one asked for now: run directories, checkpoints, saved
+    targets. Raises ``TypeError`` if ``saved`` or ``requested`` is not a mapping."""
     for arg, name in ((saved, "saved"), (requested, "requested")):
         if not isinstance(arg, Mapping):
             raise TypeError(f"{name} must be a mapping of configuration fields, got {type(arg).__name__}")
-    missing = object()
-    show = lambda v: "absent" if v is missing else repr(v)
-    out = []
+    skip = set(ignore)
+    out = {}
     for key in [*requested, *(k for k in saved if k not in requested)]:
-        a, b = saved.get(key, missing), requested.get(key, missing)
-        if a is missing or b is missing or a != b:
-            out.append(f"{key}: saved {show(a)}, requested {show(b)}")
+        a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
+        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a) != _json_form(b)):
+            out[key] = (a, b)
     return out
+
+
+def describe_diff(diff: Mapping[str, tuple]) -> list[str]:
+    """``["field: saved S, requested R", ...]`` for a :func:`config_diff` result."""
+    return [f"{k}: saved {a!r}, requested {b!r}" for k, (a, b) in diff.items()]
+
+
+def config_differences(saved: Mapping, requested: Mapping, ignore=()) -> list[str]:
+    """:func:`config_diff` as ``"field: saved S, requested R"`` lines (``absent`` for a field one side lacks);
+    ``[]`` when the configurations are equal."""
+    return describe_diff(config_diff(saved, requested, ignore))
 
 
 def check_bool(v, name: str) -> bool:
