@@ -27,6 +27,7 @@ from mlpinterp.spd import (
     upper_leaky_hard_sigmoid,
 )
 from mlpinterp.spd.losses import faithfulness_loss
+from mlpinterp.spd.train import spd_losses
 from mlpinterp.toys import TMS, as_linears, sparse_features, step_generator, with_identity
 
 torch.set_num_threads(1)
@@ -318,6 +319,35 @@ def test_stochastic_and_layerwise_recon_match_hand_computation():
     assert float(full) > 1e-3 and float(lay) > 1e-3  # random masks on random subcomponents: far from the target
 
 
+@pytest.mark.parametrize("layerwise_masks", ["shared", "fresh"])
+def test_spd_losses_draw_the_layerwise_masks_as_configured(layerwise_masks):
+    """"shared": the layerwise loss reuses the full loss's masks; "fresh" (the reference's): a second draw from the
+    same generator, after the first."""
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(5))
+    cfg = SPDConfig(targets=("lin1", "lin2"), C=dec.C, d_gate=4, layerwise_masks=layerwise_masks)
+    W = {n: getattr(model, n).weight.detach() for n in ("lin1", "lin2")}
+    _, logs = spd_losses(model, dec, x, cfg, W, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        target = model(x)
+        h = torch.relu(model.lin1(x))
+        gen = torch.Generator().manual_seed(7)
+        g = {n: leaky_hard_sigmoid(dec.importance[n](a @ dec.V(n).T))
+             for n, a in (("lin1", x), ("lin2", h))}
+        first = {n: g[n] + (1 - g[n]) * torch.rand(g[n].shape, generator=gen) for n in g}
+        second = {n: g[n] + (1 - g[n]) * torch.rand(g[n].shape, generator=gen) for n in g}
+        lay_masks = second if layerwise_masks == "fresh" else first
+        want_rec = ((_hand_tiny(model, dec, x, first) - target) ** 2).mean()
+        want_lay = sum(((_hand_tiny(model, dec, x, lay_masks, only={n}) - target) ** 2).mean()
+                       for n in ("lin1", "lin2")) / 2
+        other = sum(((_hand_tiny(model, dec, x, second if lay_masks is first else first, only={n}) - target) ** 2)
+                    .mean() for n in ("lin1", "lin2")) / 2
+    assert logs["stochastic_recon"] == pytest.approx(float(want_rec), rel=1e-5)
+    assert logs["layerwise_recon"] == pytest.approx(float(want_lay), rel=1e-5)
+    assert abs(float(other) - float(want_lay)) > 1e-3 * float(want_lay)  # the two draws are distinguishable
+
+
 def test_faithfulness_and_importance_minimality_match_hand_computation():
     model = Tiny()
     dec = _dec(model, ["lin1", "lin2"])
@@ -421,6 +451,7 @@ def test_ground_truth_decomposition_has_zero_reconstruction_and_mmcs_ml2r_one(tm
     (dict(reads=(("W",),)), TypeError, "reads must be a tuple of"),
     (dict(tied=("linear1", "linear2")), TypeError, "tied must be a tuple of"),
     (dict(init="xavier"), ValueError, "init must be one of"),
+    (dict(layerwise_masks="new"), ValueError, "layerwise_masks must be one of"),
 ])
 def test_bad_configs_raise_clear_errors(kw, exc, msg):
     with pytest.raises(exc, match=msg):

@@ -59,7 +59,8 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "metrics.json").read_text())["mmcs"] == m["mmcs"]
     bad = CliRunner().invoke(app, _args(tmp_path, "--lr", "0.5"))
-    assert bad.exit_code == 1 and "Error:" in bad.output and "'lr'" in bad.output and "checkpoint" in bad.output
+    assert bad.exit_code == 1 and "Error:" in bad.output and "checkpoint" in bad.output
+    assert "lr: saved 0.01, requested 0.5" in bad.output, bad.output
     if not torch.cuda.is_available():
         nocuda = CliRunner().invoke(app, _args(tmp_path / "gpu", "--device", "cuda"))
         assert nocuda.exit_code == 1 and "CUDA is not available" in nocuda.output, nocuda.output
@@ -135,3 +136,22 @@ def test_identity_setting_reuses_the_base_target(tmp_path, tms52_target):
     x = torch.rand(7, 5)
     torch.testing.assert_close(model(x), tms52_target(x))
     assert toy.identity is not None
+
+
+def test_cli_importance_minimality_coeff_overrides_beta(tmp_path, monkeypatch):
+    """``--importance-minimality-coeff`` reaches the configuration as an override (a custom run); bad values are
+    refused before anything is written."""
+    import mlpinterp.experiments.spd as spd_exp
+
+    seen = {}
+    monkeypatch.setattr(spd_exp, "reproduce", lambda *a, **kw: seen.update(kw) or {})
+    res = CliRunner().invoke(app, _args(tmp_path, "--importance-minimality-coeff", "1e-6"))
+    assert res.exit_code == 0, res.output
+    assert seen["overrides"] == {"steps": 10, "compile": True, "importance_minimality_coeff": 1e-6}
+    assert spd_config("resid-mlp-1", False, 0, **{"importance_minimality_coeff": 1e-6}).importance_minimality_coeff \
+        == 1e-6
+    monkeypatch.undo()
+    for bad, msg in (("-1", "Invalid value for '--importance-minimality-coeff'"), ("inf", "importance_minimality_coeff must be finite")):
+        res = CliRunner().invoke(app, _args(tmp_path / "bad", "--importance-minimality-coeff", bad))
+        assert res.exit_code != 0 and msg in res.output and "Traceback" not in res.output, res.output
+        assert not (tmp_path / "bad").exists()

@@ -1,7 +1,8 @@
 """CLI: ``mlpinterp reproduce spd`` (Stochastic Parameter Decomposition, Bushnaq, Braun, Sharkey 2025).
 
     mlpinterp reproduce spd --setting tms-5-2 --seeds 10 --out DIR [--quick/--no-quick] [--device cuda]
-        [--steps N] [--lr LR] [--threads T] [--compile/--no-compile] [--apd-run DIR] [--quiet]
+        [--steps N] [--lr LR] [--importance-minimality-coeff BETA] [--threads T] [--compile/--no-compile]
+        [--apd-run DIR] [--quiet]
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
         out: Out = ..., seeds: Seeds = 3, quick: Quick = False, device: Device = "cpu", quiet: Quiet = False,
         steps: Steps = None, lr: Lr = None, threads: Threads = 1,
+        importance_minimality_coeff: float | None = typer.Option(
+            None, "--importance-minimality-coeff", min=0.0,
+            help="Override the preset's beta_min, the coefficient of the importance-minimality loss (>= 0): the "
+                 "knob of the SPD paper's Fig. 8 (resid-MLP-1's W_out merges into one co-active group only at a "
+                 "small enough beta; docs/spd.md). The run is then a custom run, not a reproduction."),
         compile: bool = typer.Option(True, "--compile/--no-compile",
                                      help="torch.compile the causal-importance MLPs (the step's hot path: 1.85x per "
                                           "TMS 5-2 step, 3.2x per TMS 40-10 step on the CPU; needs a C++ compiler "
@@ -47,7 +53,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.experiments.spd import reproduce
 
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
-                     config={"compile": compile}, apd_run=apd_run)
+                     config={"compile": compile, **({} if importance_minimality_coeff is None else
+                                                    {"importance_minimality_coeff": importance_minimality_coeff})},
+                     apd_run=apd_run)
         if "mmcs" in result:
             typer.echo(f"MMCS per seed: {', '.join(f'{v:.4f}' for v in result['mmcs'])}")
             typer.echo(f"ML2R per seed: {', '.join(f'{v:.4f}' for v in result['ml2r'])}")

@@ -43,6 +43,7 @@ from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LAYERWISE_MASKS = ("shared", "fresh")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class SPDConfig:
     """Output distance of the reconstruction losses: "mse" or "kl" (logits)."""
     n_mask_samples: int = 1
     """Mask samples S per step."""
+    layerwise_masks: str = "shared"
+    """Masks of the layerwise loss: "shared" (the full loss's draw, reused) or "fresh" (a second, independent draw
+    per mask sample, as the SPD reference implementation does)."""
     dtype: str = "float32"
     """Floating-point type of the decomposition, the target copy and the batches: "float32" or "float64"."""
     compile: bool = False
@@ -111,6 +115,8 @@ class SPDConfig:
             check_real(getattr(self, name), name, 0.0)
         if self.lr_schedule not in ("cosine", "constant"):
             raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
+        if self.layerwise_masks not in LAYERWISE_MASKS:
+            raise ValueError(f"layerwise_masks must be one of {LAYERWISE_MASKS}, got {self.layerwise_masks!r}")
         if self.output_loss not in ("mse", "kl"):
             raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
         if not isinstance(self.compile, bool):
@@ -169,9 +175,12 @@ def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDCo
         masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
         r = stochastic_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
         rec = rec + r
-        # with a single site the layerwise loss is the full one (same masks): not computed twice
-        lay = lay + (r if len(comps.sites) == 1 else
-                     layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss))
+        if cfg.layerwise_masks == "fresh":
+            masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
+        elif len(comps.sites) == 1:  # the same masks on the only site: the full loss, not computed twice
+            lay = lay + r
+            continue
+        lay = lay + layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
     terms["stochastic_recon"] = rec / cfg.n_mask_samples
     terms["layerwise_recon"] = lay / cfg.n_mask_samples
     total = (cfg.faithfulness_coeff * terms["faithfulness"] + cfg.stochastic_recon_coeff * terms["stochastic_recon"]
