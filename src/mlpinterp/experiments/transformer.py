@@ -260,10 +260,10 @@ def _check_config(out: Path, exp: TransformerExperiment) -> dict:
     cfg = json.loads(json.dumps(asdict(exp)))
     if cfg_path.exists():
         old = read_json(cfg_path, what="run configuration")
-        if old != cfg:
+        diff = config_diff(old, cfg)
+        if diff:
             from mlpinterp.models import RunConflictError
 
-            diff = config_diff(old, cfg)
             raise RunConflictError(out, "config.json of a run with another configuration", diff,
                                    fix="continue it with its own settings, use a new --out or delete the directory")
     return cfg

@@ -175,12 +175,11 @@ def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDCo
         masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
         r = stochastic_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
         rec = rec + r
-        if cfg.layerwise_masks == "fresh":
+        if cfg.layerwise_masks == "fresh":  # the reference's second, independent draw
             masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
-        elif len(comps.sites) == 1:  # the same masks on the only site: the full loss, not computed twice
-            lay = lay + r
-            continue
-        lay = lay + layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
+        # with a single site and the same masks the layerwise loss is the full one: not computed twice
+        lay = lay + (r if cfg.layerwise_masks == "shared" and len(comps.sites) == 1 else
+                     layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss))
     terms["stochastic_recon"] = rec / cfg.n_mask_samples
     terms["layerwise_recon"] = lay / cfg.n_mask_samples
     total = (cfg.faithfulness_coeff * terms["faithfulness"] + cfg.stochastic_recon_coeff * terms["stochastic_recon"]
