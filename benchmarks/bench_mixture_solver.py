@@ -14,8 +14,11 @@ row ran (Monte Carlo, 20,000 mixture samples). Timings: wall and CPU seconds wit
 shared), ratios against the baseline and against today's float32 solver; peak RSS of the process after each
 row (``ru_maxrss``, cumulative: list ``bf16`` first to see its own peak).
 
+``--device cuda``: today's solvers run on the GPU (``fit_mixture(device=...)``); the solver ``cpu32`` is today's
+float32 solver on the CPU in the same run, the row to compare a GPU with (its ratio is printed).
+
 Usage: python benchmarks/bench_mixture_solver.py [--case mnist] [--solvers bf16 float32 float64 warm32 warmbf16]
-       [--baseline-cache DIR] [--threads 2]
+       [--baseline-cache DIR] [--threads 2] [--device cuda --solvers cpu32 float32 warm32]
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="mnist", choices=["mnist", "mnist14"])
     ap.add_argument("--solvers", nargs="+", default=["baseline", "float64", "float32", "warm32"],
-                    choices=["baseline", "float64", "float32", "bf16", "warm64", "warm32", "warmbf16"])
+                    choices=["baseline", "float64", "float32", "bf16", "warm64", "warm32", "warmbf16", "cpu32"])
+    ap.add_argument("--device", default="cpu", help="where today's solvers run: cpu (default) or cuda")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every solver (the baseline too)")
     ap.add_argument("--d-hidden", type=int, default=256)
     ap.add_argument("--covariance", default="empirical", choices=["empirical", "ledoit-wolf"])
@@ -201,10 +205,11 @@ def main() -> None:
         dtype = {"32": torch.float32, "64": torch.float64, "16": torch.bfloat16}[name[-2:]]
         warm = name.startswith("warm")
         network = net2 if warm else net
+        device = "cpu" if name == "cpu32" else args.device
         if warm and first is None:
-            first = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device="cpu")
+            first = fit_mixture(net, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device=device)
         t0, c0 = time.perf_counter(), time.process_time()
-        p = fit_mixture(network, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device="cpu",
+        p = fit_mixture(network, mix, 2, method="cg", fvu_tol=1e-6, dtype=dtype, device=device,
                         warm_start=first if warm else None)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         si = p.solver_info
@@ -212,9 +217,11 @@ def main() -> None:
                f"(converged {si['converged']}, stopped by {si['stopped_by']}, sweeps "
                f"{[(w['dtype'], w['iterations']) for w in si['sweeps']]}, applications "
                f"{si['operator_applications_by_dtype']}, fallback {si['fallback']}, structure "
-               f"{si['operator_structure']}, init {si['init']})")
+               f"{si['operator_structure']}, init {si['init']}, device {si['device']})")
         rows[name]["solver_info"] = {k: si[k] for k in ("sweeps", "fallback", "operator_applications_by_dtype",
                                                          "setup_time_s", "converged", "stopped_by")}
+        if name == "cpu32":
+            continue
         if name == "float64" or (name == "float32" and "float64" not in args.solvers) or (
                 name == "bf16" and not {"float64", "float32"} & set(args.solvers)):
             first = p if first is None else first
@@ -235,13 +242,20 @@ def main() -> None:
             if nid == id(net) and name != "float64":
                 rows[name]["excess_fvu_vs_float64"] = e = excess(p, sols[("float64", id(net))], net)
                 print(f"  {name:10s} {e:.2e}")
-    if "float32" in rows:
+    if "float32" in rows and {"bf16", "warmbf16"} & set(rows):
         b = rows["float32"]
         print("\nratios against today's float32 solver (wall / CPU; > 1 = faster):")
         for name in ("bf16", "warmbf16"):
             if name in rows:
                 r = rows[name]
                 print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall  {b['cpu_s'] / r['cpu_s']:5.2f}x CPU")
+    if "cpu32" in rows:
+        b = rows["cpu32"]
+        print(f"\nwall-time ratios against today's float32 solver on the CPU (> 1 = faster; --device {args.device}):")
+        for name, r in rows.items():
+            if name not in ("cpu32", "baseline", "baseline-warm"):
+                print(f"  {name:10s} {b['wall_s'] / r['wall_s']:5.2f}x wall"
+                      + ("  (warm-started: a second checkpoint)" if name.startswith("warm") else ""))
     print(f"load average end {os.getloadavg()}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

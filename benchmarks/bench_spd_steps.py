@@ -1,13 +1,15 @@
 """Benchmark: SPD step time per preset on the CPU, beside APD's on the same toy (same shapes, untrained targets).
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_spd_steps.py [--settings tms-5-2 resid-mlp-1] [--steps 20]
-        [--presets paper quick] [--threads 1]
+        [--presets paper quick] [--threads 1] [--device cuda]
 
 For each setting and preset it prints SPD's ms/step and µs/sample (with the causal-importance MLPs through
 ``torch.compile``, the presets' default, and in eager mode: their ratio, measured side by side; and with every row
 through the importance MLPs instead of the all-zero rows once, ``importance.SKIP_ZERO_ROWS``), APD's at its own preset of the same toy (where
 APD has one), their ratio per step and per sample, and the extrapolation of SPD to the preset's full step count.
-The machine's load average is printed with every row (a shared CPU inflates every number).
+The machine's load average is printed with every row (a shared CPU inflates every number). ``--device cuda``: the
+same on a GPU (each timing ends with ``torch.cuda.synchronize``; the batches are drawn on the CPU and moved, as in a
+run), the GPU's name in every row.
 """
 
 from __future__ import annotations
@@ -38,14 +40,17 @@ def _toy(name: str):
     return m, m
 
 
-def _time(run, steps: int) -> float:
-    run(2)  # warm-up (allocator, first-call dispatch)
+def _time(run, steps: int, device: str = "cpu") -> float:
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    run(2)  # warm-up (allocator, first-call dispatch, compilation)
+    sync()
     t = time.perf_counter()
     run(steps)
+    sync()
     return (time.perf_counter() - t) / steps
 
 
-def measure(name: str, quick: bool, steps: int) -> dict:
+def measure(name: str, quick: bool, steps: int, device: str = "cpu") -> dict:
     """SPD (and, where APD has a preset for the setting, APD) seconds per step on an untrained toy of ``name``."""
     toy, model = _toy(name)
     toy.requires_grad_(False)
@@ -54,10 +59,10 @@ def measure(name: str, quick: bool, steps: int) -> dict:
     full = spd_config(name, quick, 0)
     sample = lambda step: spec.sample(full.batch_size, step_generator(0, step))
     run = lambda n, c: decompose(model, sample, spd_config(name, quick, 0, steps=n, log_every=10**9, compile=c),
-                                 quiet=True)
-    spd = {c: _time(lambda n, c=c: run(n, c), steps) for c in (False, True)}
+                                 quiet=True, device=device)
+    spd = {c: _time(lambda n, c=c: run(n, c), steps, device) for c in (False, True)}
     importance.SKIP_ZERO_ROWS = False  # every row through the MLPs, as before the zero-row path
-    every_row = _time(lambda n: run(n, True), steps)
+    every_row = _time(lambda n: run(n, True), steps, device)
     importance.SKIP_ZERO_ROWS = True
     sec = spd[True]
     row = {"setting": name, "batch_size": full.batch_size, "C": full.C, "spd_ms_per_step": 1e3 * sec,
@@ -68,8 +73,8 @@ def measure(name: str, quick: bool, steps: int) -> dict:
     if name in APD_PRESETS:
         acfg = apd_overrides(APD_PRESETS[name], **(APD_QUICK[name] if quick else {}))
         asample = lambda step: spec.sample(acfg.batch_size, step_generator(0, step))
-        asec = _time(lambda n: apd_decompose(toy, asample, apd_overrides(acfg, steps=n, log_every=10**9), quiet=True),
-                     steps)
+        asec = _time(lambda n: apd_decompose(toy, asample, apd_overrides(acfg, steps=n, log_every=10**9), quiet=True,
+                                             device=device), steps, device)
         row.update(apd_batch_size=acfg.batch_size, apd_ms_per_step=1e3 * asec,
                    apd_us_per_sample=1e6 * asec / acfg.batch_size, ratio_per_step=sec / asec,
                    ratio_per_sample=(sec / full.batch_size) / (asec / acfg.batch_size))
@@ -82,13 +87,16 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=["paper", "quick"], choices=["paper", "quick"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    gpu = torch.cuda.get_device_name(torch.device(args.device)) if torch.device(args.device).type == "cuda" else None
     rows = []
     for name in args.settings:
         for preset in args.presets:
-            row = measure(name, preset == "quick", args.steps)
-            row.update(preset=preset, threads=args.threads, load_average=[round(v, 2) for v in os.getloadavg()])
+            row = measure(name, preset == "quick", args.steps, args.device)
+            row.update(preset=preset, threads=args.threads, load_average=[round(v, 2) for v in os.getloadavg()],
+                       device=gpu or "cpu")
             rows.append(row)
             apd = (f" | APD {row['apd_ms_per_step']:.1f} ms/step at batch {row['apd_batch_size']}: SPD/APD "
                    f"{row['ratio_per_step']:.2f}x per step, {row['ratio_per_sample']:.2f}x per sample"
@@ -98,7 +106,7 @@ def main() -> None:
                   f"through the importance MLPs {row['spd_every_row_ms_per_step']:.1f}: zero-row path "
                   f"{row['zero_row_speedup']:.2f}x) "
                   f"(C = {row['C']}; {row['spd_preset_minutes']:.1f} min for {row['preset_steps']} steps){apd}; "
-                  f"load {row['load_average']}", flush=True)
+                  f"load {row['load_average']}{'; ' + gpu if gpu else ''}", flush=True)
     print(json.dumps(rows))
 
 
