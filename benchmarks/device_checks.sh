@@ -4,21 +4,26 @@
 # Here, once (needs the package registry and ../shared/data; writes the git-ignored folder .device/):
 #     bash benchmarks/device_checks.sh --prepare
 # There (the device image's python3 holds torch with CUDA; nothing can be fetched, so the one dependency it lacks,
-# schedulefree, travels as a wheel, and MNIST as files):
+# schedulefree, travels as a wheel, and MNIST as files), one call per line, each within the 10 minutes a command may
+# run:
 #     run(command="bash benchmarks/device_checks.sh env tests spd_steps mixture", carry=[".device"], timeout_s=600)
 #     run(command="bash benchmarks/device_checks.sh spd_resid1 apd_resid1", carry=[".device"], timeout_s=600)
+#     run(command="bash benchmarks/device_checks.sh polynomial", carry=[".device"], timeout_s=600)
+# A session has 15 minutes of device time in all, the machine's start included: run the first call, read it, and the
+# others only where time is left.
 # Checks (each under its own time limit, in seconds; a failed one does not stop the others):
-#     env         python, torch, the GPU                                                          30
-#     tests       the tests that exercise device="cuda" (they skip on a machine without CUDA)     180
-#     spd_steps   benchmarks/bench_spd_steps.py --device cuda, paper presets (SPD beside APD)    240
-#     mixture     benchmarks/bench_mixture_solver.py --device cuda, the main job's 784-512-10
-#                 Ledoit-Wolf problem, float32 / bfloat16 / warm-started, beside float32 on the
-#                 machine's CPU in the same run                                                 240
-#     spd_resid1  mlpinterp reproduce spd --setting resid-mlp-1 (paper preset, 1 seed) --device cuda   420
-#     apd_resid1  mlpinterp reproduce apd --setting resid-mlp-1 (paper preset, 1 seed) --device cuda   300
-# The two calls above fit the 10 minutes a command may run; a session has 15 minutes of device time in all, the
-# machine's start included, so run the first call, read it, and the second only where time is left.
-# Every log lands in $OUT (the device tool's folder that comes back; .device/out here).
+#     env         python, torch, the GPU                                                               30
+#     tests       the tests that exercise a device (the CUDA ones skip on a machine without it)       180
+#     spd_steps   benchmarks/bench_spd_steps.py --device cuda, paper presets (SPD beside APD)        240
+#     mixture     benchmarks/bench_mixture_solver.py --device cuda: the main job's 784-512-10 Ledoit-Wolf
+#                 problem in float32 / bfloat16 / warm-started, beside float32 on the machine's CPU   240
+#     spd_resid1  mlpinterp reproduce spd --setting resid-mlp-1 (paper preset, 1 seed) --device cuda  420
+#     apd_resid1  mlpinterp reproduce apd --setting resid-mlp-1 (paper preset, 1 seed) --device cuda  300
+#     polynomial  mlpinterp reproduce polynomial --dataset mnist --seeds 1: the main job, its 19 mixture-quadratic
+#                 solves on the GPU (fit_mixture's default device where CUDA is available), training on one
+#                 CPU thread as everywhere                                                            540
+# Every log lands in $OUT (the device tool's folder that comes back; .device/out here), with the runs' metrics.json,
+# results.json and report.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,10 +77,12 @@ for step in "${steps[@]}"; do
             --out .device/runs/spd-resid-mlp-1 ;;
         apd_resid1) check apd_resid1 300 mlpinterp reproduce apd --setting resid-mlp-1 --seeds 1 --device cuda \
             --out .device/runs/apd-resid-mlp-1 ;;
-        *) echo "unknown check $step (env tests spd_steps mixture spd_resid1 apd_resid1)" >&2 ;;
+        polynomial) check polynomial 540 mlpinterp reproduce polynomial --dataset mnist --seeds 1 \
+            --out .device/runs/polynomial-mnist --quiet ;;
+        *) echo "unknown check $step (env tests spd_steps mixture spd_resid1 apd_resid1 polynomial)" >&2 ;;
     esac
 done
-for f in .device/runs/*/metrics.json .device/runs/*/report.md; do
+for f in .device/runs/*/metrics.json .device/runs/*/results.json .device/runs/*/report.md; do
     [[ -f $f ]] && cp "$f" "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"
 done
 exit 0
