@@ -41,13 +41,20 @@ def _toy(name: str):
 
 
 def _time(run, steps: int, device: str = "cpu") -> float:
+    """Seconds per step of ``run(n)`` (a whole decomposition of ``n`` steps): ``(T(steps) - T(2)) / (steps - 2)``,
+    so that the per-run setup (copies to the device, configuration checks), which a 3 ms GPU step would not
+    amortise over 20 steps, cancels."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def timed(n: int) -> float:
+        sync()
+        t = time.perf_counter()
+        run(n)
+        sync()
+        return time.perf_counter() - t
+
     run(2)  # warm-up (allocator, first-call dispatch, compilation)
-    sync()
-    t = time.perf_counter()
-    run(steps)
-    sync()
-    return (time.perf_counter() - t) / steps
+    return (timed(steps) - timed(2)) / (steps - 2)
 
 
 def measure(name: str, quick: bool, steps: int, device: str = "cpu") -> dict:
@@ -89,6 +96,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = ap.parse_args()
+    if args.steps < 3:
+        ap.error(f"--steps must be >= 3 (the time per step is a difference with a 2-step run), got {args.steps}")
     torch.set_num_threads(args.threads)
     gpu = torch.cuda.get_device_name(torch.device(args.device)) if torch.device(args.device).type == "cuda" else None
     rows = []
