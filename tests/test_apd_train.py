@@ -86,6 +86,17 @@ def test_resume_is_exact_and_deterministic(tms52, tmp_path):
     assert [h["step"] for h in resumed.history] == [h["step"] for h in full.history]
     with pytest.raises(ValueError, match="different configuration"):
         decompose(tms52, _sample_tms, with_overrides(cfg, C=6), out_dir=tmp_path, quiet=True)
+    # a checkpoint written before `init` / `init_instances` existed resumes with the behaviour of that time only
+    import json
+
+    meta_path = tmp_path / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["init"], meta["config"]["init_instances"]
+    meta_path.write_text(json.dumps(meta))
+    again = decompose(tms52, _sample_tms, cfg, out_dir=tmp_path, quiet=True)
+    assert [h["step"] for h in again.history] == [h["step"] for h in full.history]
+    with pytest.raises(ValueError, match=r"init: saved absent \(written before the field existed: 'scaled'\)"):
+        decompose(tms52, _sample_tms, with_overrides(cfg, init="reference"), out_dir=tmp_path, quiet=True)
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -73,6 +73,44 @@ def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert [e["total"] for e in full.history] == [e["total"] for e in resumed.history]
+
+
+def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused(tms52_target, tmp_path):
+    """A checkpoint written before ``layerwise_masks`` and ``compile`` existed (their keys absent from its
+    configuration) resumes bit-identically when the request keeps the behaviour of that time (shared masks, eager),
+    and is refused, naming the field, when it asks for another."""
+    import json
+
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(compile=False)
+    full = decompose(model, _sample, cfg, quiet=True)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(step, dec, logs):
+        if step == 20:
+            raise Stop
+
+    with pytest.raises(Stop):
+        decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True, callback=interrupt)
+    meta_path = tmp_path / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    for key in ("layerwise_masks", "compile"):  # as an earlier version wrote it
+        del meta["config"][key]
+    meta_path.write_text(json.dumps(meta))
+    ckpt = (tmp_path / "checkpoint.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"layerwise_masks: saved absent \(written before the field existed: "
+                                         r"'shared'\), requested 'fresh'"):
+        decompose(model, _sample, with_overrides(cfg, layerwise_masks="fresh"), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match=r"compile: saved absent \(written before the field existed: False\), "
+                                         r"requested True"):
+        decompose(model, _sample, with_overrides(cfg, compile=True), out_dir=tmp_path, quiet=True)
+    assert (tmp_path / "checkpoint.safetensors").read_bytes() == ckpt  # a refused resume writes nothing
+    resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
+    assert resumed.history[0]["step"] == 0 and len(resumed.history) == len(full.history)
+    for k, v in full.decomposition.state_dict().items():
+        assert torch.equal(v, resumed.decomposition.state_dict()[k]), k
     with pytest.raises(ValueError, match=f"different configuration \\(C: saved {cfg.C}, requested 9\\)"):
         decompose(model, _sample, with_overrides(cfg, C=9), out_dir=tmp_path, quiet=True)
 

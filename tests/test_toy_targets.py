@@ -170,6 +170,24 @@ def test_config_differences():
     assert config_diff({}, {"x": None}) == {"x": (ABSENT, None)}  # absent is not None
 
 
+def test_config_diff_implicit_fields_of_earlier_versions():
+    # a field added after the saved configuration was written compares as the behaviour before it existed
+    old = {"lr": 1.0}
+    assert config_diff(old, {"lr": 1.0, "masks": "shared"}, implicit={"masks": "shared"}) == {}
+    assert config_diff(old, {"lr": 1.0, "tied": ()}, implicit={"tied": []}) == {}  # JSON lists = tuples
+    diff = config_differences(old, {"lr": 1.0, "masks": "fresh"}, implicit={"masks": "shared"})
+    assert diff == ["masks: saved absent (written before the field existed: 'shared'), requested 'fresh'"]
+    # a saved value always wins over the implicit one; fields with no implicit value stay absent
+    assert config_diff({"masks": "fresh"}, {"masks": "shared"}, implicit={"masks": "shared"}) == {
+        "masks": ("fresh", "shared")}
+    assert config_differences(old, {"lr": 1.0, "new": 2}, implicit={"masks": "shared"}) == [
+        "new: saved absent, requested 2"]
+    # the request lacking a field is not filled in
+    assert list(config_diff({"masks": "shared"}, {}, implicit={"masks": "shared"})) == ["masks"]
+    with pytest.raises(TypeError, match="implicit must be a mapping"):
+        config_diff({}, {}, implicit=[("a", 1)])
+
+
 # ----------------------------------------------------------------------------------------------------- CLI
 def _train(*args):
     return CliRunner().invoke(app, ["apd", "train-target", "--quiet", *args])

@@ -47,6 +47,10 @@ from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_batch_tensor
 
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
+#: APDConfig fields added after the first release, with the behaviour before each: a checkpoint written before a
+#: field existed resumes when the request keeps that behaviour (``load_training_state``'s ``implicit``). Add a field
+#: here when it is added to APDConfig.
+ADDED_FIELDS = {"init": "scaled", "init_instances": 3}
 
 
 @dataclass(frozen=True)
@@ -305,7 +309,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
     start, history, prev_seconds = 0, [], 0.0
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
-        start, history, prev_seconds = load_training_state(ckpt, comps, opt, asdict(cfg))
+        start, history, prev_seconds = load_training_state(ckpt, comps, opt, asdict(cfg), implicit=ADDED_FIELDS)
     t0 = time.perf_counter()
     try:
         with progress_bar(cfg.steps, initial=start, desc="APD", quiet=quiet) as bar:

@@ -44,6 +44,10 @@ from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LAYERWISE_MASKS = ("shared", "fresh")
+#: SPDConfig fields added after the first release, with the behaviour before each (not always today's default:
+#: ``compile`` was eager): a checkpoint written before a field existed resumes when the request keeps that behaviour
+#: (``load_training_state``'s ``implicit``). Add a field here when it is added to SPDConfig.
+ADDED_FIELDS = {"init": "scaled", "tied": (), "compile": False, "layerwise_masks": "shared"}
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
     start, history, prev = 0, [], 0.0
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
-        start, history, prev = load_training_state(ckpt, dec, opt, asdict(cfg), prefix="spd")
+        start, history, prev = load_training_state(ckpt, dec, opt, asdict(cfg), prefix="spd", implicit=ADDED_FIELDS)
     t0 = time.perf_counter()
     try:
         with progress_bar(cfg.steps, initial=start, desc="SPD", quiet=quiet) as bar:

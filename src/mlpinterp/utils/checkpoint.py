@@ -9,7 +9,7 @@ a resumed run is bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -54,7 +54,8 @@ def _adam_state_names(opt: torch.optim.Optimizer) -> set[str] | None:
     return names | {"max_exp_avg_sq"} if any(g.get("amsgrad") for g in opt.param_groups) else names
 
 
-def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str]) -> tuple[int, list, float]:
+def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str],
+                implicit: Mapping | None = None) -> tuple[int, list, float]:
     """``(step, history, seconds)`` from checkpoint metadata, checked field by field (``ValueError`` naming the file)."""
 
     def bad(problem: str) -> ValueError:
@@ -66,7 +67,7 @@ def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str]) -> 
     saved = meta["config"]
     if not isinstance(saved, dict):
         raise bad(f"has 'config' = {saved!r} ({type(saved).__name__}), expected a JSON object")
-    diff = config_differences(saved, config, ignore)
+    diff = config_differences(saved, config, ignore, implicit)
     if diff:
         raise ValueError(f"checkpoint {str(meta_path.with_suffix('.safetensors'))!r} was written with a different "
                          f"configuration ({'; '.join(diff)}); use another out_dir or delete the checkpoint")
@@ -146,8 +147,12 @@ def _check_tensors(tensors: dict[str, torch.Tensor], path: Path, module: nn.Modu
 
 def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimizer, config: dict,
                         ignore: Iterable[str] = ("log_every", "checkpoint_every"),
-                        prefix: str = "comp") -> tuple[int, list, float]:
+                        prefix: str = "comp", implicit: Mapping | None = None) -> tuple[int, list, float]:
     """Restore ``module`` and ``opt`` from ``path``; returns ``(step, history, seconds)``.
+
+    ``implicit``: the values of configuration fields added after a checkpoint may have been written, as the code
+    behaved before them (:func:`mlpinterp.utils.validation.config_diff`): a checkpoint of an earlier version that
+    lacks such a field resumes when the request keeps that behaviour.
 
     Nothing is cast or guessed: every tensor must have the name, shape and dtype of the module's state dict or the
     optimiser's state and be finite, and the metadata must hold an integer ``step`` in ``[0, config["steps"]]``
@@ -168,7 +173,7 @@ def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
         tensors, meta = load_tensors(path, what="checkpoint")
     except ValueError as e:
         raise ValueError(f"{e}; {RESTART_FIX}") from e
-    step, history, seconds = _check_meta(meta, path.with_suffix(".json"), config, set(ignore))
+    step, history, seconds = _check_meta(meta, path.with_suffix(".json"), config, set(ignore), implicit)
     mod, state = _check_tensors(tensors, path, module, opt, step, prefix)
     dev = next((p.device for p in module.parameters()), torch.device("cpu"))
     try:

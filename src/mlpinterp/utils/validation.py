@@ -179,22 +179,43 @@ def _json_form(v):
     return [_json_form(x) for x in v] if isinstance(v, (tuple, list)) else v
 
 
-def config_diff(saved: Mapping, requested: Mapping, ignore=()) -> dict[str, tuple]:
+class Implicit:
+    """A saved configuration's value of a field it lacks because it was written before the field existed (see
+    :func:`config_diff`'s ``implicit``); printed ``absent (written before the field existed: V)``."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"absent (written before the field existed: {self.value!r})"
+
+
+def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping | None = None) -> dict[str, tuple]:
     """``{field: (saved value, requested value)}`` for every field of either mapping, except those in ``ignore``,
     whose values differ, in the order of ``requested`` then the fields only ``saved`` has; a field one side lacks
     has :data:`ABSENT` there. Values compare with ``==`` after tuples become lists (so ``5`` equals ``5.0`` and a
     tuple equals the list a JSON round trip made of it).
 
+    ``implicit``: for fields added to a configuration class after ``saved`` may have been written, the value that
+    reproduces what the code did before the field existed (not necessarily today's default). A field that
+    ``saved`` lacks is compared as that value (shown as :class:`Implicit` when it differs), so a run written by an
+    earlier version resumes when nothing it computed would change, and is refused when the request asks for other
+    behaviour.
+
     The one comparison of a stored configuration with the one asked for now: run directories, checkpoints, saved
-    targets. Raises ``TypeError`` if ``saved`` or ``requested`` is not a mapping."""
-    for arg, name in ((saved, "saved"), (requested, "requested")):
+    targets. Raises ``TypeError`` if ``saved``, ``requested`` or ``implicit`` is not a mapping."""
+    for arg, name in ((saved, "saved"), (requested, "requested"), (implicit or {}, "implicit")):
         if not isinstance(arg, Mapping):
             raise TypeError(f"{name} must be a mapping of configuration fields, got {type(arg).__name__}")
     skip = set(ignore)
+    earlier = implicit or {}
     out = {}
     for key in [*requested, *(k for k in saved if k not in requested)]:
         a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
-        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a) != _json_form(b)):
+        if a is ABSENT and key in earlier:
+            a = Implicit(earlier[key])
+        a_cmp = a.value if isinstance(a, Implicit) else a
+        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a_cmp) != _json_form(b)):
             out[key] = (a, b)
     return out
 
@@ -204,10 +225,10 @@ def describe_diff(diff: Mapping[str, tuple]) -> list[str]:
     return [f"{k}: saved {a!r}, requested {b!r}" for k, (a, b) in diff.items()]
 
 
-def config_differences(saved: Mapping, requested: Mapping, ignore=()) -> list[str]:
+def config_differences(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping | None = None) -> list[str]:
     """:func:`config_diff` as ``"field: saved S, requested R"`` lines (``absent`` for a field one side lacks);
     ``[]`` when the configurations are equal."""
-    return describe_diff(config_diff(saved, requested, ignore))
+    return describe_diff(config_diff(saved, requested, ignore, implicit))
 
 
 def check_bool(v, name: str) -> bool:
