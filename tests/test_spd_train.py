@@ -50,11 +50,8 @@ def test_short_tms_run_lowers_losses_and_finds_the_features(tms52_target):
     assert all(p.requires_grad for p in model.parameters())  # restored
 
 
-@pytest.mark.parametrize("kw", [{}, dict(tied=(("linear1", "linear2"),), init="paper-era")])
-def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
-    model = as_linears(tms52_target)
-    cfg = _tms_cfg(**kw)
-    full = decompose(model, _sample, cfg, quiet=True)
+def _interrupt_at_step_20(model, cfg, out_dir):
+    """Run ``cfg`` into ``out_dir`` and stop it by an exception at step 20 (its checkpoint then holds step 20)."""
 
     class Stop(Exception):
         pass
@@ -64,7 +61,15 @@ def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
             raise Stop
 
     with pytest.raises(Stop):
-        decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True, callback=interrupt)
+        decompose(model, _sample, cfg, out_dir=out_dir, quiet=True, callback=interrupt)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(tied=(("linear1", "linear2"),), init="paper-era")])
+def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(**kw)
+    full = decompose(model, _sample, cfg, quiet=True)
+    _interrupt_at_step_20(model, cfg, tmp_path)
     meta = (tmp_path / "checkpoint.json").read_text()
     assert '"step": 20' in meta
     resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
@@ -84,16 +89,7 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     model = as_linears(tms52_target)
     cfg = _tms_cfg(compile=False)
     full = decompose(model, _sample, cfg, quiet=True)
-
-    class Stop(Exception):
-        pass
-
-    def interrupt(step, dec, logs):
-        if step == 20:
-            raise Stop
-
-    with pytest.raises(Stop):
-        decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True, callback=interrupt)
+    _interrupt_at_step_20(model, cfg, tmp_path)
     meta_path = tmp_path / "checkpoint.json"
     meta = json.loads(meta_path.read_text())
     for key in ("layerwise_masks", "compile"):  # as an earlier version wrote it
