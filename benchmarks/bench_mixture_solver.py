@@ -77,14 +77,10 @@ def _problem(case: str, d_hidden: int = 256, covariance: str = "empirical"):
     from bench_mixture_mnist import train_mlp
 
     from mlpinterp.data import load_mnist
+    from mlpinterp.data.pooling import average_pool
     from mlpinterp.gaussian.distributions import GaussianMixture
 
-    data = load_mnist()
-    if case == "mnist14":
-        import dataclasses
-
-        pool = lambda X: X.reshape(-1, 14, 2, 14, 2).mean((2, 4)).reshape(-1, 196).astype(np.float32)  # noqa: E731
-        data = dataclasses.replace(data, X_train=pool(data.X_train), X_test=pool(data.X_test), image_shape=(14, 14))
+    data = average_pool(load_mnist(), 14 if case == "mnist14" else None)
     nets = [train_mlp(data, d_hidden, steps)[0] for steps in (400, 450)]  # two "checkpoints"
     shrink = "ledoit-wolf" if covariance == "ledoit-wolf" else 0.0
     mix = GaussianMixture.from_labels(np.asarray(data.X_train, dtype=np.float64), data.y_train, shrinkage=shrink)

@@ -26,7 +26,6 @@ Timings are CPU seconds with the load average (the CPU may be shared); iteration
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -37,12 +36,9 @@ import numpy as np
 
 def _data(case: str):
     from mlpinterp.data import load_mnist
+    from mlpinterp.data.pooling import average_pool
 
-    data = load_mnist()
-    if case == "mnist14":
-        pool = lambda X: X.reshape(-1, 14, 2, 14, 2).mean((2, 4)).reshape(-1, 196).astype(np.float32)  # noqa: E731
-        data = dataclasses.replace(data, X_train=pool(data.X_train), X_test=pool(data.X_test), image_shape=(14, 14))
-    return data
+    return average_pool(load_mnist(), 14 if case == "mnist14" else None)
 
 
 def _stack(nets):

@@ -102,7 +102,7 @@ def _check_inputs(out: Path, model_digest: str, text_digest: str) -> None:
     now = {"model_digest": model_digest, "text_digest": text_digest}
     if path.exists():
         old = read_json(path, what="run inputs")
-        diff = [k.removesuffix("_digest") for k in config_diff(old, now)]
+        diff = [k.removesuffix("_digest") for k in config_diff({k: old.get(k) for k in now}, now)]
         if diff:
             raise ValueError(f"{str(out)!r} holds a run made from another {' and another '.join(diff)} (the "
                              f"{'weights at the model path' if 'model' in diff else 'text'} changed since); use a new "

@@ -70,8 +70,8 @@ def _check_meta(meta: dict, meta_path: Path, config: dict, ignore: set[str],
     diff = config_differences(saved, config, ignore, implicit)
     if diff:
         raise ValueError(f"checkpoint {str(meta_path.with_suffix('.safetensors'))!r} was written with a different "
-                         f"configuration ({'; '.join(diff)}); request the saved values to resume it, or use another out_dir, "
-                         "or delete the checkpoint")
+                         f"configuration ({'; '.join(diff)}); request the saved values to resume it, or use "
+                         "another out_dir, or delete the checkpoint")
     step = meta["step"]
     steps = config.get("steps")
     hi = steps if isinstance(steps, int) and not isinstance(steps, bool) else None

@@ -204,18 +204,18 @@ def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping
 
     The one comparison of a stored configuration with the one asked for now: run directories, checkpoints, saved
     targets. Raises ``TypeError`` if ``saved``, ``requested`` or ``implicit`` is not a mapping."""
-    for arg, name in ((saved, "saved"), (requested, "requested"), (implicit or {}, "implicit")):
+    earlier = {} if implicit is None else implicit
+    for arg, name in ((saved, "saved"), (requested, "requested"), (earlier, "implicit")):
         if not isinstance(arg, Mapping):
             raise TypeError(f"{name} must be a mapping of configuration fields, got {type(arg).__name__}")
     skip = set(ignore)
-    earlier = implicit or {}
     out = {}
     for key in [*requested, *(k for k in saved if k not in requested)]:
         a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
         if a is ABSENT and key in earlier:
             a = Implicit(earlier[key])
-        a_cmp = a.value if isinstance(a, Implicit) else a
-        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a_cmp) != _json_form(b)):
+        a_value = a.value if isinstance(a, Implicit) else a
+        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a_value) != _json_form(b)):
             out[key] = (a, b)
     return out
 
