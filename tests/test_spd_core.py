@@ -319,6 +319,108 @@ def test_stochastic_and_layerwise_recon_match_hand_computation():
     assert float(full) > 1e-3 and float(lay) > 1e-3  # random masks on random subcomponents: far from the target
 
 
+def _hand_tiny_delta(model, dec, x, masks, delta, only=None):
+    """As :func:`_hand_tiny`, with the delta component ``r_b (W - sum_c U_c V_c^T)`` added at the masked sites."""
+    ys = []
+    for b in range(x.shape[0]):
+        Ws = {}
+        for name in ("lin1", "lin2"):
+            W = getattr(model, name).weight
+            if only is None or name in only:
+                U, V = dec.U(name), dec.V(name)
+                comps = [torch.outer(U[:, c], V[c]) for c in range(dec.C)]
+                Ws[name] = sum(masks[name][b, c] * P for c, P in enumerate(comps)) + delta[name][b] * (W - sum(comps))
+            else:
+                Ws[name] = W
+        h = torch.relu(Ws["lin1"] @ x[b] + model.lin1.bias)
+        ys.append(Ws["lin2"] @ h + model.lin2.bias)
+    return torch.stack(ys)
+
+
+def test_delta_component_recon_matches_hand_computation_and_is_exact_at_full_masks():
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(3))
+    masks = _masks(dec, 5)
+    delta = {n: torch.rand(5, generator=torch.Generator().manual_seed(9 + i)) for i, n in enumerate(("lin1", "lin2"))}
+    with torch.no_grad():
+        target = model(x)
+        full = stochastic_recon_loss(model, dec.components, x, masks, target, delta=delta)
+        lay = layerwise_recon_loss(model, dec.components, x, masks, target, delta=delta)
+        want = ((_hand_tiny_delta(model, dec, x, masks, delta) - target) ** 2).mean()
+        want_lay = sum(((_hand_tiny_delta(model, dec, x, masks, delta, only={n}) - target) ** 2).mean()
+                       for n in ("lin1", "lin2")) / 2
+        without = stochastic_recon_loss(model, dec.components, x, masks, target)
+        # every mask 1, the delta's too: sum_c U_c V_c^T + (W - sum_c U_c V_c^T) = W, the target, whatever U and V
+        ones = {n: torch.ones(5, dec.C) for n in masks}
+        exact = stochastic_recon_loss(model, dec.components, x, ones, target, delta={n: torch.ones(5) for n in masks})
+        zero_r = stochastic_recon_loss(model, dec.components, x, masks, target,
+                                       delta={n: torch.zeros(5) for n in masks})
+    torch.testing.assert_close(full, want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(lay, want_lay, rtol=1e-5, atol=1e-7)
+    assert float(abs(full - without)) > 1e-3 * float(without)  # the delta term is there (random U, V miss W)
+    assert float(exact) < 1e-10 * float(without), float(exact)
+    torch.testing.assert_close(zero_r, without, rtol=1e-5, atol=1e-7)  # r = 0: the plain masked model
+
+
+def test_delta_component_at_a_tied_parameter_site_matches_hand_computation():
+    tms = TMS(5, 2)
+    dec = _dec(tms, ["W"], C=4)
+    x = sparse_features(6, 5, 0.5, generator=step_generator(0, 0))
+    masks = _masks(dec, 6)
+    r = torch.rand(6, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        target = tms(x)
+        got = stochastic_recon_loss(tms, dec.components, x, masks, target, delta={"W": r})
+        ys = []
+        for b in range(6):
+            comps = [torch.outer(dec.U("W")[:, c], dec.V("W")[c]) for c in range(4)]
+            Wb = sum(masks["W"][b, c] * P for c, P in enumerate(comps)) + r[b] * (tms.W - sum(comps))
+            ys.append(torch.relu(Wb.T @ (Wb @ x[b]) + tms.b))
+        want = ((torch.stack(ys) - target) ** 2).mean()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_delta_masks_are_drawn_uniform_after_the_subcomponent_masks():
+    """``draw_masks``: the subcomponent masks as before (the same generator stream), then one ``r ~ U(0, 1)`` per
+    sample and site; a Kolmogorov-Smirnov test against U(0, 1) and the stream order checked by hand."""
+    from mlpinterp.spd.train import draw_masks
+
+    g = {"a": torch.rand(4000, 3, generator=torch.Generator().manual_seed(0)), "b": torch.rand(4000, 2)}
+    masks, delta = draw_masks(g, True, torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    want = {k: v + (1 - v) * torch.rand(v.shape, generator=gen) for k, v in g.items()}
+    want_r = {k: torch.rand(v.shape[:-1], generator=gen) for k, v in g.items()}
+    for k in g:
+        torch.testing.assert_close(masks[k], want[k])
+        torch.testing.assert_close(delta[k], want_r[k])
+        assert delta[k].shape == (4000,)
+        assert stats.kstest(delta[k].numpy(), "uniform").pvalue > 1e-3
+    plain, none = draw_masks(g, False, torch.Generator().manual_seed(1))
+    assert none is None and all(torch.equal(plain[k], masks[k]) for k in g)
+
+
+def test_base_mapping_and_delta_errors_name_the_argument():
+    from mlpinterp.apd.forward import run_with_components
+
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3)
+    masks = _masks(dec, 5)
+    target = model(x).detach()
+    with pytest.raises(ValueError, match=r"delta\['lin1'\] must have shape \[batch=5\], got \[5, 3\]"):
+        stochastic_recon_loss(model, dec.components, x, masks, target, delta={"lin1": torch.rand(5, 3),
+                                                                             "lin2": torch.rand(5)})
+    with pytest.raises(ValueError, match="delta must have one entry per site"):
+        layerwise_recon_loss(model, dec.components, x, masks, target, delta={"lin1": torch.rand(5)})
+    with pytest.raises(ValueError, match="base names unknown sites"):
+        run_with_components(model, dec.components, x, masks, base={"nope": torch.rand(5)})
+    with pytest.raises(ValueError, match=r"base\['lin2'\] contains NaN"):
+        run_with_components(model, dec.components, x, masks, base={"lin2": torch.full((5,), float("nan"))})
+    with pytest.raises(TypeError, match="base must be a bool or a mapping"):
+        run_with_components(model, dec.components, x, masks, base=1.0)
+
+
 @pytest.mark.parametrize("layerwise_masks", ["shared", "fresh"])
 def test_spd_losses_draw_the_layerwise_masks_as_configured(layerwise_masks):
     """"shared": the layerwise loss reuses the full loss's masks; "fresh" (the reference's): a second draw from the

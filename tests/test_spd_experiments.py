@@ -155,3 +155,48 @@ def test_cli_importance_minimality_coeff_overrides_beta(tmp_path, monkeypatch):
         res = CliRunner().invoke(app, _args(tmp_path / "bad", "--importance-minimality-coeff", bad))
         assert res.exit_code != 0 and msg in res.output and "Traceback" not in res.output, res.output
         assert not (tmp_path / "bad").exists()
+
+
+def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target):
+    """``--recipe current``: the reference's config values reach the run (delta component, no faithfulness loss,
+    warm-up, fresh layerwise masks, its steps and cosine annealing), metrics.json and the report say so, a paper-recipe
+    checkpoint is not resumed as a current one, and resid-MLP-2 (not implemented that way) is refused."""
+    from mlpinterp.experiments.spd import CURRENT
+
+    cur = spd_config("tms-5-2", False, 0, "current")
+    assert (cur.delta_component, cur.faithfulness_coeff, cur.faithfulness_warmup_steps, cur.layerwise_masks,
+            cur.steps, cur.lr_schedule, cur.init, cur.C, cur.importance_minimality_coeff) == (
+        True, 0.0, 200, "fresh", 10_000, "cosine-annealing", "scaled", 20, 3e-3)
+    assert spd_config("resid-mlp-1", False, 0, "current").steps == 20_000
+    assert spd_config("tms-40-10-id", False, 0, "current").steps == 20_000
+    assert spd_config("tms-5-2", True, 0, "current").steps == QUICK["tms-5-2"]["steps"]  # the quick budget wins
+    assert set(CURRENT) == set(SETTINGS) - {"resid-mlp-2"}
+    try:
+        spd_config("resid-mlp-2", False, 0, "current")
+        raise AssertionError("resid-mlp-2 current accepted")
+    except ValueError as e:
+        assert "PGD" in str(e) and "use recipe 'paper'" in str(e)
+    try:
+        spd_config("tms-5-2", False, 0, "newest")
+        raise AssertionError("unknown recipe accepted")
+    except ValueError as e:
+        assert "recipe must be one of ('paper', 'current')" in str(e)
+    for s in (0, 1):
+        save_toy(tms52_target, tmp_path / f"seed{s}" / "target", _info(seed=s))
+    res = CliRunner().invoke(app, _args(tmp_path, "--recipe", "current", "--seeds", "1"))
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["recipe"] == "current" and m["config"]["delta_component"] and m["config"]["faithfulness_coeff"] == 0
+    h = json.loads((tmp_path / "seed0" / "history.json").read_text())
+    assert h[0]["faithfulness_warmup_last"] < h[0]["faithfulness_warmup_first"]
+    md = (tmp_path / "report.md").read_text()
+    assert "current reference recipe" in md and "200-step faithfulness warm-up" in md and "not the paper's" in md
+    other = tmp_path / "paper"
+    save_toy(tms52_target, other / "seed0" / "target", _info(seed=0))
+    assert CliRunner().invoke(app, _args(other, "--seeds", "1")).exit_code == 0
+    bad = CliRunner().invoke(app, _args(other, "--seeds", "1", "--recipe", "current"))
+    assert bad.exit_code == 1 and "delta_component: saved False, requested True" in bad.output, bad.output
+    r2 = CliRunner().invoke(app, ["reproduce", "spd", "--setting", "resid-mlp-2", "--out", str(tmp_path / "r2"),
+                                  "--recipe", "current", "--quick", "--quiet"])
+    assert r2.exit_code == 1 and "not available for resid-mlp-2" in r2.output and "Traceback" not in r2.output
+    assert not (tmp_path / "r2").exists()

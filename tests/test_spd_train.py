@@ -35,6 +35,67 @@ def test_lr_schedule_is_cos_half_pi():
     assert lr_at(70, with_overrides(cfg, lr_schedule="constant")) == 2e-3
     with pytest.raises(ValueError, match="unknown SPDConfig fields"):
         with_overrides(cfg, topk=1)
+    ann = with_overrides(cfg, lr_schedule="cosine-annealing")  # the current reference's "cosine": a half period
+    assert lr_at(0, ann) == 2e-3
+    assert lr_at(50, ann) == pytest.approx(1e-3)
+    assert lr_at(25, ann) == pytest.approx(2e-3 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_at(100, ann) == pytest.approx(0.0, abs=1e-18)
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        with_overrides(cfg, lr_schedule="cos")
+
+
+def test_faithfulness_warmup_is_adamw_on_the_subcomponents_alone(tms52_target):
+    """The warm-up against a hand-written AdamW loop on a copy of the same initial decomposition: the subcomponents
+    end where the loop ends, the causal-importance MLPs are untouched, and the faithfulness loss falls."""
+    import copy
+
+    from mlpinterp.spd.decomposition import Decomposition
+    from mlpinterp.spd.losses import faithfulness_loss
+    from mlpinterp.spd.train import faithfulness_warmup
+
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(faithfulness_warmup_steps=30, faithfulness_warmup_lr=0.02, faithfulness_warmup_weight_decay=0.1)
+    from mlpinterp.apd.components import resolve_sites, target_weight
+    from mlpinterp.spd.decomposition import resolve_reads
+
+    sites = resolve_sites(model, cfg.targets)
+    W = {s.name: target_weight(model, s).detach() for s in sites}
+    dec = Decomposition(sites, cfg.C, cfg.d_gate, resolve_reads(model, sites, {}), torch.Generator().manual_seed(0))
+    ref = copy.deepcopy(dec)
+    gates = {k: v.clone() for k, v in dec.state_dict().items() if "importance" in k}
+    assert gates
+    losses = faithfulness_warmup(dec, W, cfg)
+    opt = torch.optim.AdamW(ref.components.parameters(), lr=0.02, weight_decay=0.1)
+    for _ in range(30):
+        loss = sum(((W[n] - ref.components.weights()[n].sum(0)) ** 2).sum() for n in W) / sum(w.numel() for w in W.values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(dec.state_dict()[k], v, rtol=1e-5, atol=1e-7, msg=k)
+    assert all(torch.equal(dec.state_dict()[k], v) for k, v in gates.items())
+    assert len(losses) == 30 and losses[-1] < 0.5 * losses[0]
+    assert float(faithfulness_loss(dec.components, W)) < losses[-1]
+
+
+def test_reference_recipe_run_resumes_bit_identically_and_logs_the_warmup(tms52_target, tmp_path):
+    """Delta component, no faithfulness loss, warm-up, cosine annealing, fresh layerwise masks (the current SPD
+    reference's recipe): resume from step 20 is bit-identical (the warm-up is not repeated), the warm-up is logged at
+    step 0, and the run lowers its reconstruction loss."""
+    model = as_linears(tms52_target)
+    cfg = _tms_cfg(delta_component=True, faithfulness_coeff=0.0, faithfulness_warmup_steps=50,
+                   lr_schedule="cosine-annealing", layerwise_masks="fresh", tied=(("linear1", "linear2"),))
+    full = decompose(model, _sample, cfg, quiet=True)
+    h0 = full.history[0]
+    assert h0["faithfulness_warmup_last"] < 0.5 * h0["faithfulness_warmup_first"]
+    assert full.history[-1]["stochastic_recon"] < 0.8 * h0["stochastic_recon"]
+    _interrupt_at_step_20(model, cfg, tmp_path)
+    resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
+    for k, v in full.decomposition.state_dict().items():
+        assert torch.equal(v, resumed.decomposition.state_dict()[k]), k
+    assert [e["total"] for e in full.history] == [e["total"] for e in resumed.history]
+    no_delta = decompose(model, _sample, with_overrides(cfg, delta_component=False), quiet=True)
+    assert no_delta.history[0]["stochastic_recon"] != h0["stochastic_recon"]  # the delta term is in the loss
 
 
 def test_short_tms_run_lowers_losses_and_finds_the_features(tms52_target):
@@ -94,7 +155,8 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     _interrupt_at_step_20(model, cfg, tmp_path)
     meta_path = tmp_path / "checkpoint.json"
     meta = json.loads(meta_path.read_text())
-    for key in ("layerwise_masks", "compile"):  # as an earlier version wrote it
+    for key in ("layerwise_masks", "compile", "delta_component", "faithfulness_warmup_steps",
+                "faithfulness_warmup_lr", "faithfulness_warmup_weight_decay"):  # as an earlier version wrote it
         del meta["config"][key]
     meta_path.write_text(json.dumps(meta))
     ckpt = (tmp_path / "checkpoint.safetensors").read_bytes()
@@ -104,6 +166,9 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     with pytest.raises(ValueError, match=r"compile: saved absent \(written before the field existed: False\), "
                                          r"requested True"):
         decompose(model, _sample, with_overrides(cfg, compile=True), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match=r"delta_component: saved absent \(written before the field existed: "
+                                         r"False\), requested True"):
+        decompose(model, _sample, with_overrides(cfg, delta_component=True), out_dir=tmp_path, quiet=True)
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == ckpt  # a refused resume writes nothing
     resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
     assert resumed.history[0]["step"] == 0 and len(resumed.history) == len(full.history)

@@ -10,7 +10,9 @@ where ``base`` is ``True`` for the *target-anchored* form (used for gradient att
 of all components). ``coef`` is ``[C]`` (shared by the batch) or ``[batch, C]``, one for every site (APD: a
 component spans all sites), or a mapping ``site name -> [C] | [batch, C]`` with its own coefficients per site
 (SPD: every site has its own ``C`` rank-one subcomponents and its own masks). With ``only`` a subset of the sites
-is replaced and the others keep the target's weight (SPD's layerwise reconstruction).
+is replaced and the others keep the target's weight (SPD's layerwise reconstruction). ``base`` may also be a mapping
+``site name -> [batch]``, a per-sample weight ``base_b`` of the target's own weight: SPD's delta component
+``sum_c m_bc P_c + r_b (W* - sum_c P_c) = r_b W* + sum_c (m_bc - r_b) P_c`` is this form with ``base_b = r_b``.
 
 At ``nn.Linear`` sites this never builds a per-sample weight: the module's forward is swapped for
 ``y = base * W* x + A (coef * (B x)) + bias``, i.e. ``[..., d_in] -> [..., C, m] -> [..., d_out]``, costing
@@ -42,6 +44,14 @@ def _site_coef(coef, name: str):
     return coef.get(name) if isinstance(coef, Mapping) else coef
 
 
+def _add_base(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, base, name: str) -> torch.Tensor:
+    """``y + base * W* x``: ``base`` a bool (all sites) or a mapping ``site -> [batch]`` per-sample weights."""
+    b = _site_coef(base, name)
+    if isinstance(b, torch.Tensor):
+        return y + b.reshape(b.shape + (1,) * (x.ndim - b.ndim)) * F.linear(x, weight)
+    return y + F.linear(x, weight) if b else y
+
+
 def _linear_forward(mod: nn.Linear, site: Site, comps: Components, state: dict):
     def forward(x: torch.Tensor) -> torch.Tensor:
         only = state.get("only")
@@ -53,8 +63,7 @@ def _linear_forward(mod: nn.Linear, site: Site, comps: Components, state: dict):
             if coef is not None:
                 inner = inner * _broadcast_coef(coef, x)[..., None]
             y = F.linear(inner.flatten(-2), A.permute(1, 0, 2).reshape(d_out, C * m))
-            if state["base"]:
-                y = y + F.linear(x, mod.weight)
+            y = _add_base(y, x, mod.weight, state["base"], site.name)
         else:
             y = F.linear(x, mod.weight)
         if mod.bias is not None:
@@ -92,7 +101,7 @@ def _param_weights(model: nn.Module, comps: Components, coef, base: bool,
         P = torch.bmm(*comps.factors(s))  # [C, d_out, d_in]
         c = _site_coef(coef, s.name)
         w = P.sum(0) if c is None else torch.einsum("c,coi->oi", c, P)
-        out[s.name] = w + target_weight(model, s) if base else w
+        out[s.name] = w + target_weight(model, s) if _site_coef(base, s.name) is True else w
     return out
 
 
@@ -107,7 +116,8 @@ def _check_coef(coef, C: int, n: int, what: str) -> None:
 
 
 def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
-                        coef: torch.Tensor | Mapping[str, torch.Tensor | None] | None = None, base: bool = False,
+                        coef: torch.Tensor | Mapping[str, torch.Tensor | None] | None = None,
+                        base: bool | Mapping[str, torch.Tensor] = False,
                         only: Sequence[str] | None = None) -> torch.Tensor:
     """Output of ``model`` on ``x`` with every decomposed weight replaced as described in the module docstring.
 
@@ -123,7 +133,8 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         ``None`` (all coefficients 1), ``[C]`` or ``[batch, C]`` for every site, or a mapping
         ``site name -> None | [C] | [batch, C]`` (sites it lacks get coefficient 1).
     base
-        Add the target's own weight (``True``) or not (``False``).
+        Add the target's own weight (``True``) or not (``False``), or a mapping ``site name -> [batch]``: the
+        target's weight times a per-sample factor at those sites (sites it lacks: not added).
     only
         Names of the sites to replace (``None``: all); the other sites keep the target's weight.
 
@@ -132,8 +143,8 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
     TypeError
         If ``coef`` (or an entry) is not a real tensor.
     ValueError
-        If a ``coef`` has a shape other than ``[C]`` or ``[batch, C]`` or non-finite values, or ``coef``/``only``
-        name a site that is not one of ``comps``.
+        If a ``coef`` has a shape other than ``[C]`` or ``[batch, C]`` or non-finite values, a ``base`` entry is
+        not a finite ``[batch]`` tensor, or ``coef``/``base``/``only`` name a site that is not one of ``comps``.
     """
     C, n = comps.C, x.shape[0]
     names = [s.name for s in comps.sites]
@@ -146,6 +157,20 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
                 _check_coef(v, C, n, f"coef[{k!r}]")
     elif coef is not None:
         _check_coef(coef, C, n, "coef")
+    base_n = {}  # per-sample base factors
+    if isinstance(base, Mapping):
+        unknown = sorted(set(base) - set(names))
+        if unknown:
+            raise ValueError(f"base names unknown sites {unknown}; sites: {names}")
+        for k, v in base.items():
+            if not isinstance(v, torch.Tensor) or not v.is_floating_point() or tuple(v.shape) != (n,):
+                raise ValueError(f"base[{k!r}] must be a floating-point tensor of shape [batch={n}], got "
+                                 f"{list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+            if not bool(torch.isfinite(v).all()):
+                raise ValueError(f"base[{k!r}] contains NaN or inf")
+        base_n = dict(base)
+    elif not isinstance(base, bool):
+        raise TypeError(f"base must be a bool or a mapping site name -> [batch] tensor, got {type(base).__name__}")
     if only is not None:
         if isinstance(only, str) or not all(isinstance(o, str) for o in only):
             raise TypeError(f"only must be a sequence of site names, got {only!r}")
@@ -160,7 +185,7 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
     if not param_sites:
         with _patched(model, comps, state):
             return model(x)
-    if not any(s.name in batched for s in param_sites):
+    if not any(s.name in batched or s.name in base_n for s in param_sites):
         with _patched(model, comps, state):
             return torch.func.functional_call(model, _param_weights(model, comps, coef, base, only), (x,),
                                               strict=False)
@@ -171,19 +196,24 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         P = torch.bmm(*comps.factors(s))
         c = per_site[s.name]
         if c is None or c.ndim == 1:
-            w = P.sum(0) if c is None else torch.einsum("c,coi->oi", c, P)
-            w = (w + target_weight(model, s) if base else w).expand(n, s.d_out, s.d_in)
+            w = (P.sum(0) if c is None else torch.einsum("c,coi->oi", c, P)).expand(n, s.d_out, s.d_in)
         else:
             w = (c @ P.reshape(comps.C, -1)).reshape(-1, s.d_out, s.d_in)
-            w = w + target_weight(model, s) if base else w
+        b = _site_coef(base, s.name)
+        if isinstance(b, torch.Tensor):
+            w = w + b[:, None, None] * target_weight(model, s)
+        elif b:
+            w = w + target_weight(model, s)
         weights[s.name] = w
+    static_base = base if isinstance(base, bool) else {}
 
-    def one(xb: torch.Tensor, cb: dict, wb: dict) -> torch.Tensor:
+    def one(xb: torch.Tensor, cb: dict, bb: dict, wb: dict) -> torch.Tensor:
         state["coef"] = {**static, **{k: v[None] for k, v in cb.items()}}
+        state["base"] = static_base if isinstance(static_base, bool) else {k: v[None] for k, v in bb.items()}
         return torch.func.functional_call(model, wb, (xb[None],), strict=False)[0]
 
     with _patched(model, comps, state):
-        return torch.func.vmap(one)(x, batched, weights)
+        return torch.func.vmap(one)(x, batched, base_n, weights)
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
     mlpinterp reproduce spd --setting tms-5-2 --seeds 10 --out DIR [--quick/--no-quick] [--device cuda]
         [--steps N] [--lr LR] [--importance-minimality-coeff BETA] [--threads T] [--compile/--no-compile]
-        [--apd-run DIR] [--quiet]
+        [--apd-run DIR] [--recipe paper|current] [--quiet]
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ class Setting(StrEnum):
     resid_mlp_3 = "resid-mlp-3"
 
 
+class Recipe(StrEnum):
+    """Whose recipe: the SPD paper's presets or the reference implementation's current ones."""
+
+    paper = "paper"
+    current = "current"
+
+
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce spd``."""
 
@@ -44,6 +51,12 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                                      help="torch.compile the causal-importance MLPs (the step's hot path: 1.85x per "
                                           "TMS 5-2 step, 3.2x per TMS 40-10 step on the CPU; needs a C++ compiler "
                                           "on the CPU). A run resumes only with the same choice."),
+        recipe: Recipe = typer.Option(
+            Recipe.paper, "--recipe",
+            help="paper: the SPD paper's presets. current: the SPD reference implementation's recipe of Feb 2026 "
+                 "(goodfire-ai/spd): a delta component instead of the faithfulness loss, a 200-step faithfulness "
+                 "warm-up, fresh layerwise masks, its step counts (TMS 10k, 40-10+ID 20k, resid-MLP-1 20k) and its "
+                 "cosine annealing; not for resid-mlp-2. With --quick, the quick budget."),
         apd_run: Path | None = typer.Option(None, "--apd-run", help="--out directory of `reproduce apd` on the same "
                                             "TMS setting: its per-seed MMCS / ML2R go beside ours in the report "
                                             "(the targets are checked identical)."),
@@ -55,7 +68,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
                      config={"compile": compile, **({} if importance_minimality_coeff is None else
                                                     {"importance_minimality_coeff": importance_minimality_coeff})},
-                     apd_run=apd_run)
+                     apd_run=apd_run, recipe=recipe.value)
         if "mmcs" in result:
             typer.echo(f"MMCS per seed: {', '.join(f'{v:.4f}' for v in result['mmcs'])}")
             typer.echo(f"ML2R per seed: {', '.join(f'{v:.4f}' for v in result['ml2r'])}")

@@ -9,7 +9,10 @@
   weights), averaged over the ``L`` sites;
 - importance minimality ``(1/B) sum_b sum_s sum_c |g_upper[s][b, c]|^p``.
 
-Masks are ``{site: [batch, C]}`` (:func:`mlpinterp.spd.masks.stochastic_mask`).
+Masks are ``{site: [batch, C]}`` (:func:`mlpinterp.spd.masks.stochastic_mask`). With ``delta`` (``{site: [batch]}``,
+``r_b ~ U(0, 1)``) each masked site also carries the current SPD reference implementation's *delta component*
+``r_b (W_s - U_s V_s)``, the part of the target weight the subcomponents miss, under its own random mask (the
+reference's ``use_delta_component``, which replaces the faithfulness loss; goodfire-ai/spd, 2026).
 """
 
 from __future__ import annotations
@@ -39,20 +42,48 @@ def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -
             raise ValueError(f"masks[{k!r}] must have shape [batch={n}, C={comps.C}], got {got}")
 
 
+def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n: int) -> None:
+    if delta is None:
+        return
+    if not isinstance(delta, Mapping):
+        raise TypeError(f"delta must be a mapping site name -> [batch] mask tensor, got {type(delta).__name__}")
+    names = [s.name for s in comps.sites]
+    if sorted(delta) != sorted(names):
+        raise ValueError(f"delta must have one entry per site {names}, got {sorted(delta)}")
+    for k, r in delta.items():
+        if not isinstance(r, torch.Tensor) or tuple(r.shape) != (n,):
+            got = list(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
+            raise ValueError(f"delta[{k!r}] must have shape [batch={n}], got {got}")
+
+
+def _masked(masks: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor] | None, names) -> dict:
+    """``run_with_components`` arguments of the masked sites ``names``: ``sum_c m_c P_c + r (W - sum_c P_c)`` is
+    ``r W + sum_c (m_c - r) P_c`` (no per-step summed weight; the same values and gradients)."""
+    if delta is None:
+        return {"coef": {k: masks[k] for k in names}}
+    return {"coef": {k: masks[k] - delta[k][:, None] for k in names}, "base": {k: delta[k] for k in names}}
+
+
 def stochastic_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, masks: Mapping[str, torch.Tensor],
-                          target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
-    """``D(f(x | {U_s diag(m_s) V_s}), target_out)`` with every site masked (scalar)."""
+                          target_out: torch.Tensor, kind: str = "mse",
+                          delta: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """``D(f(x | {U_s diag(m_s) V_s [+ r_s (W_s - U_s V_s)]}), target_out)`` with every site masked (scalar);
+    the bracket only with ``delta`` (``{site: r_s [batch]}``)."""
     _check_masks(comps, masks, x.shape[0])
-    return minimality_loss(run_with_components(model, comps, x, dict(masks)), target_out, kind)
+    _check_delta(comps, delta, x.shape[0])
+    return minimality_loss(run_with_components(model, comps, x, **_masked(masks, delta, masks)), target_out, kind)
 
 
 def layerwise_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, masks: Mapping[str, torch.Tensor],
-                         target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
-    """``(1/L) sum_s D(f(x | W_1, ..., U_s diag(m_s) V_s, ..., W_L), target_out)`` (scalar)."""
+                         target_out: torch.Tensor, kind: str = "mse",
+                         delta: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """``(1/L) sum_s D(f(x | W_1, ..., U_s diag(m_s) V_s [+ r_s (W_s - U_s V_s)], ..., W_L), target_out)``
+    (scalar)."""
     _check_masks(comps, masks, x.shape[0])
+    _check_delta(comps, delta, x.shape[0])
     total = 0.0
     for s in comps.sites:
-        out = run_with_components(model, comps, x, {s.name: masks[s.name]}, only=(s.name,))
+        out = run_with_components(model, comps, x, **_masked(masks, delta, [s.name]), only=(s.name,))
         total = total + minimality_loss(out, target_out, kind)
     return total / len(comps.sites)
 

@@ -5,7 +5,11 @@ importances ``g`` of every subcomponent, draw ``n_mask_samples`` masks ``m = g +
 
 ``c_F L_faithfulness + c_R L_stochastic-recon + c_L L_stochastic-recon-layerwise + c_I L_importance-minimality``
 
-with Adam (no weight decay) and a constant or ``cos(pi/2 * t / (T - 1))`` learning rate. Batches come from
+with Adam (no weight decay) and a constant, ``cos(pi/2 * t / (T - 1))`` (the paper's) or cosine-annealing
+``(1 + cos(pi t / (T - 1))) / 2`` (the current reference's) learning rate. The current SPD reference implementation's
+recipe (goodfire-ai/spd, 2026) is available too: a *delta component* ``r (W - U V)`` per masked site with its own
+uniform mask ``r`` (``delta_component``; its configs then drop the faithfulness loss, ``faithfulness_coeff=0``), and a
+faithfulness warm-up of the subcomponents alone before step 0 (``faithfulness_warmup_steps`` AdamW steps). Batches come from
 ``sample(step)`` and the masks' ``r`` from a generator seeded by ``(seed, step)``, so a run is deterministic and an
 interrupted run resumed from its atomic checkpoint (``out_dir/checkpoint.safetensors``) is bit-identical.
 """
@@ -47,7 +51,10 @@ LAYERWISE_MASKS = ("shared", "fresh")
 #: SPDConfig fields added after the first release, with the behaviour before each (not always today's default:
 #: ``compile`` was eager): a checkpoint written before a field existed resumes when the request keeps that behaviour
 #: (``load_training_state``'s ``implicit``). Add a field here when it is added to SPDConfig.
-ADDED_FIELDS = {"init": "scaled", "tied": (), "compile": False, "layerwise_masks": "shared"}
+ADDED_FIELDS = {"init": "scaled", "tied": (), "compile": False, "layerwise_masks": "shared",
+                "delta_component": False, "faithfulness_warmup_steps": 0, "faithfulness_warmup_lr": 0.01,
+                "faithfulness_warmup_weight_decay": 0.1}
+LR_SCHEDULES = ("cosine", "constant", "cosine-annealing")
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,8 @@ class SPDConfig:
     lr: float = 1e-3
     """Peak Adam learning rate."""
     lr_schedule: str = "cosine"
-    """"cosine" (lr cos(pi/2 t/(T-1)), to zero at the last step) or "constant"."""
+    """"cosine" (lr cos(pi/2 t/(T-1)), the SPD paper's), "cosine-annealing" (lr (1 + cos(pi t/(T-1))) / 2, the
+    current reference's "cosine"; both reach zero at the last step) or "constant"."""
     faithfulness_coeff: float = 1.0
     """Coefficient of the faithfulness loss (parameter MSE)."""
     stochastic_recon_coeff: float = 1.0
@@ -93,6 +101,17 @@ class SPDConfig:
     """Output distance of the reconstruction losses: "mse" or "kl" (logits)."""
     n_mask_samples: int = 1
     """Mask samples S per step."""
+    delta_component: bool = False
+    """Add the delta component ``r_b (W - sum_c U_c V_c^T)`` to every masked site, ``r_b ~ U(0, 1)`` per sample and
+    site (drawn after the subcomponent masks, again for "fresh" layerwise masks): the current SPD reference's
+    ``use_delta_component``. With every mask at 1, the delta's included, the masked model is the target."""
+    faithfulness_warmup_steps: int = 0
+    """AdamW steps on the faithfulness loss alone, over the subcomponents only, before step 0 (the current reference's
+    warm-up; 0: none)."""
+    faithfulness_warmup_lr: float = 0.01
+    """Learning rate of the faithfulness warm-up."""
+    faithfulness_warmup_weight_decay: float = 0.1
+    """AdamW weight decay of the faithfulness warm-up."""
     layerwise_masks: str = "shared"
     """Masks of the layerwise loss: "shared" (the full loss's draw, reused) or "fresh" (a second, independent draw
     per mask sample, as the SPD reference implementation does)."""
@@ -113,18 +132,22 @@ class SPDConfig:
             check_int(getattr(self, name), name)
         check_int(self.seed, "seed", minimum=None)
         check_real(self.lr, "lr", 0.0, lo_open=True)
+        check_int(self.faithfulness_warmup_steps, "faithfulness_warmup_steps", minimum=0)
+        check_real(self.faithfulness_warmup_lr, "faithfulness_warmup_lr", 0.0, lo_open=True)
+        check_real(self.faithfulness_warmup_weight_decay, "faithfulness_warmup_weight_decay", 0.0)
         check_real(self.pnorm, "pnorm (importance-minimality exponent p)", 0.0, lo_open=True)
         for name in ("faithfulness_coeff", "stochastic_recon_coeff", "layerwise_recon_coeff",
                      "importance_minimality_coeff"):
             check_real(getattr(self, name), name, 0.0)
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.layerwise_masks not in LAYERWISE_MASKS:
             raise ValueError(f"layerwise_masks must be one of {LAYERWISE_MASKS}, got {self.layerwise_masks!r}")
         if self.output_loss not in ("mse", "kl"):
             raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
-        if not isinstance(self.compile, bool):
-            raise TypeError(f"compile must be a bool, got {self.compile!r}")
+        for name in ("compile", "delta_component"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.init not in SPD_INITS:
             raise ValueError(f"init must be one of {SPD_INITS}, got {self.init!r}")
         if self.dtype not in DTYPES:
@@ -156,11 +179,15 @@ class SPDResult:
 
 
 def lr_at(step: int, cfg: SPDConfig) -> float:
-    """``lr`` (constant) or ``lr cos(pi/2 * step / (steps - 1))`` (cosine; ``lr`` when ``steps == 1``)."""
+    """``lr`` (constant), ``lr cos(pi/2 * t)`` (cosine) or ``lr (1 + cos(pi t)) / 2`` (cosine-annealing), with
+    ``t = step / (steps - 1)`` (``lr`` when ``steps == 1``)."""
     check_int(step, "step", minimum=0)
     if cfg.lr_schedule == "constant" or cfg.steps == 1:
         return cfg.lr
-    return cfg.lr * math.cos(0.5 * math.pi * step / (cfg.steps - 1))
+    t = step / (cfg.steps - 1)
+    if cfg.lr_schedule == "cosine-annealing":
+        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t))
+    return cfg.lr * math.cos(0.5 * math.pi * t)
 
 
 def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDConfig,
@@ -176,14 +203,14 @@ def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDCo
              "importance_minimality": importance_minimality_loss(g_up, cfg.pnorm)}
     rec = lay = 0.0
     for _ in range(cfg.n_mask_samples):
-        masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
-        r = stochastic_recon_loss(model, comps, x, masks, target_out, cfg.output_loss)
+        masks, delta = draw_masks(g_low, cfg.delta_component, generator)
+        r = stochastic_recon_loss(model, comps, x, masks, target_out, cfg.output_loss, delta)
         rec = rec + r
         if cfg.layerwise_masks == "fresh":  # the reference's second, independent draw
-            masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
+            masks, delta = draw_masks(g_low, cfg.delta_component, generator)
         # with a single site and the same masks the layerwise loss is the full one: not computed twice
         lay = lay + (r if cfg.layerwise_masks == "shared" and len(comps.sites) == 1 else
-                     layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss))
+                     layerwise_recon_loss(model, comps, x, masks, target_out, cfg.output_loss, delta))
     terms["stochastic_recon"] = rec / cfg.n_mask_samples
     terms["layerwise_recon"] = lay / cfg.n_mask_samples
     total = (cfg.faithfulness_coeff * terms["faithfulness"] + cfg.stochastic_recon_coeff * terms["stochastic_recon"]
@@ -193,6 +220,33 @@ def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDCo
     logs["total"] = float(total.detach())
     logs["L0"] = float(sum((g > 0).sum(-1).float().mean() for g in g_low.values()))
     return total, logs
+
+
+def draw_masks(g_low: dict[str, torch.Tensor], delta_component: bool, generator: torch.Generator | None = None
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """One draw: the subcomponent masks ``{site: g + (1 - g) r}`` (``[batch, C]``, sites in order), then, with
+    ``delta_component``, the delta component's masks ``{site: r ~ U(0, 1)}`` (``[batch]``), else ``None``."""
+    masks = {k: stochastic_mask(g, generator) for k, g in g_low.items()}
+    if not delta_component:
+        return masks, None
+    return masks, {k: torch.rand(g.shape[:-1], generator=generator, dtype=g.dtype, device=g.device)
+                   for k, g in g_low.items()}
+
+
+def faithfulness_warmup(dec: Decomposition, target_weights: dict[str, torch.Tensor], cfg: SPDConfig) -> list[float]:
+    """The current SPD reference's warm-up: ``cfg.faithfulness_warmup_steps`` AdamW steps (``faithfulness_warmup_lr``,
+    ``faithfulness_warmup_weight_decay``) on the faithfulness loss alone, over the subcomponents' ``U``, ``V`` only
+    (the causal-importance MLPs are untouched). Deterministic; returns the loss before each step."""
+    params = list(dec.components.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.faithfulness_warmup_lr, weight_decay=cfg.faithfulness_warmup_weight_decay)
+    losses = []
+    for _ in range(cfg.faithfulness_warmup_steps):
+        loss = faithfulness_loss(dec.components, target_weights)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
 
 
 def mask_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -261,6 +315,13 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
         start, history, prev = load_training_state(ckpt, dec, opt, asdict(cfg), prefix="spd", implicit=ADDED_FIELDS)
     t0 = time.perf_counter()
+    if start == 0 and cfg.faithfulness_warmup_steps:  # a checkpoint is written after step 0, so after the warm-up
+        warm = faithfulness_warmup(dec, target_weights, cfg)
+        check_params_finite("SPD faithfulness warm-up", 0, dec, cfg.faithfulness_warmup_lr,
+                            lambda: faithfulness_loss(dec.components, target_weights))
+        warm_logs = {"faithfulness_warmup_first": warm[0], "faithfulness_warmup_last": warm[-1]}
+    else:
+        warm_logs = {}
     try:
         with progress_bar(cfg.steps, initial=start, desc="SPD", quiet=quiet) as bar:
             for step in range(start, cfg.steps):
@@ -281,7 +342,7 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
                 total.backward()
                 opt.step()
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                    logs.update(step=step, lr=lr)
+                    logs.update(step=step, lr=lr, **(warm_logs if step == 0 else {}))
                     history.append(logs)
                     bar.postfix(total=logs["total"], L0=logs["L0"])
                     if callback is not None:
