@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -77,6 +78,30 @@ def test_reproduce_transformer_end_to_end(tmp_path, family):
     assert again["layers"][0]["models"] == res["layers"][0]["models"]
     with pytest.raises(ValueError, match="another configuration"):
         run_transformer(out, _exp(model, degrees=(1,)), quiet=True, texts=TEXTS)
+
+
+def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_time(tmp_path, monkeypatch):
+    """A config.json written before ``saes`` existed (its key absent) resumes, reusing the capture and the finished
+    block, when the request asks for no SAE alignment (the behaviour of that time), and is refused naming the field
+    when it asks for one."""
+    import mlpinterp.experiments.transformer_report as report
+    from mlpinterp.experiments.transformer_config import ADDED_FIELDS
+    from mlpinterp.models import RunConflictError
+
+    monkeypatch.setattr(report, "write_transformer_report", lambda *a, **k: None)  # figures: seconds, not tested here
+    model, out = _saved(tmp_path, "bert"), tmp_path / "run"
+    exp = _exp(model, layers=(1,), input_models=("gaussian", "data"))
+    first = run_transformer(out, exp, quiet=True, texts=TEXTS)
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved.pop(k) for k in ADDED_FIELDS} == {"saes": []}  # as an earlier version wrote it
+    (out / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(RunConflictError, match=r"saes: saved absent \(written before the field existed: \(\)\), "
+                                               r"requested \[\[1, 'sae'\]\]"):
+        run_transformer(out, replace(exp, saes=((1, "sae"),)), quiet=True, texts=TEXTS)
+    stamps = [(out / f).stat().st_mtime_ns for f in ("capture.safetensors", "layers/1.json")]
+    again = run_transformer(out, exp, quiet=True, texts=TEXTS)
+    assert [(out / f).stat().st_mtime_ns for f in ("capture.safetensors", "layers/1.json")] == stamps
+    assert again["layers"] == first["layers"]
 
 
 def test_bad_configuration_and_cli_errors(tmp_path):

@@ -121,6 +121,37 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, text_dir, monkeypa
     assert train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)["held_out"] == res["held_out"]
 
 
+def test_checkpoint_of_an_earlier_version_resumes_with_the_behaviour_of_that_time(tmp_path, text_dir, monkeypatch):
+    """A checkpoint written before a field of ADDED_FIELDS existed (its key absent) resumes when the request keeps
+    the value recorded there, and is refused naming the field otherwise. LmTrainConfig has gained no field since its
+    first version, so grad_clip poses as one added later (0.5 before it existed, not the default)."""
+    from mlpinterp.lm.train_config import ADDED_FIELDS
+
+    monkeypatch.setitem(ADDED_FIELDS, "grad_clip", 0.5)
+    cfg = LmTrainConfig(**{**TINY, "grad_clip": 0.5})
+    real_step, calls = lm_train._step, []
+
+    def counted(*args):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real_step(*args)
+
+    monkeypatch.setattr(lm_train, "_step", counted)
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)
+    meta_path = tmp_path / "run" / "checkpoint" / "train_state.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["grad_clip"]  # as an earlier version wrote it
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(RunConflictError, match=r"grad_clip: saved absent \(written before the field existed: 0.5\), "
+                                               r"requested 1.0"):
+        train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)
+    calls.clear()
+    res = train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)
+    assert len(calls) == 2 and len(res["history"]["loss"]) == 6  # steps 5 and 6 trained on top of the checkpoint
+
+
 def test_learning_rate_schedule_by_hand():
     cfg = LmTrainConfig(steps=11, warmup_steps=2, lr=1e-3, min_lr_fraction=0.1)
     assert lr_at(cfg, 0) == pytest.approx(5e-4) and lr_at(cfg, 1) == pytest.approx(1e-3)

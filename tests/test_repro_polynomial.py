@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -268,6 +269,54 @@ def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path)
     r = CliRunner().invoke(app, [*base, "--steps", "32"])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "step_0000024.json' is not valid JSON" in flat(r.output) and "delete it and rerun" in flat(r.output)
+
+
+def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_time(tmp_path, monkeypatch):
+    """A config.json written before covariance, quadratic_mixture_steps, mixture_cg_dtype and max_image_side existed
+    (their keys absent) resumes, reusing every checkpoint and result, when the request keeps the behaviour of that
+    time (plain covariances, the mixture quadratic at every checkpoint, a float64 CG, no pooling); another request is
+    refused naming the field, and the CLI's fix gives the flags of that behaviour."""
+    import mlpinterp.experiments.polynomial_plots as plots
+    import mlpinterp.experiments.polynomial_report as report
+    import mlpinterp.experiments.polynomial_repro as repro
+    from mlpinterp.data import load_digits
+    from mlpinterp.data.pooling import average_pool
+    from mlpinterp.experiments.polynomial_config import ADDED_FIELDS, PolynomialReproConfig
+    from mlpinterp.models import RunConflictError
+
+    # seconds, not a minute: digits pooled to 4x4 stand in for the dataset (the 64-pixel mixture quadratic takes
+    # ~10 s), and the figures and report, which the resume check does not touch, are skipped
+    small = average_pool(load_digits(), 4)
+    monkeypatch.setattr(repro, "load_dataset", lambda name, path=None: small)
+    monkeypatch.setattr(plots, "make_figures", lambda *a, **k: None)
+    monkeypatch.setattr(report, "write_report", lambda *a, **k: None)
+    out = tmp_path / "run"
+    kw = dict(dataset="digits", seeds=1, steps=32, d_hidden=8, mc_samples=200, warmup_steps=16)
+    old = PolynomialReproConfig(**kw, covariance="empirical", mixture_cg_dtype="float64")
+    first = repro.run_polynomial_repro(old, out, quiet=True)
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved.pop(k) for k in ADDED_FIELDS} == ADDED_FIELDS  # as an earlier version wrote it
+    (out / "config.json").write_text(json.dumps(saved))
+    files = sorted(p for p in (out / "seed0").rglob("*") if p.is_file())
+    stamps = [p.stat().st_mtime_ns for p in files]
+    with pytest.raises(RunConflictError, match=r"covariance: saved absent \(written before the field existed: "
+                                               r"'empirical'\), requested 'ledoit-wolf'"):
+        repro.run_polynomial_repro(PolynomialReproConfig(**kw, mixture_cg_dtype="float64"), out, quiet=True)
+    with pytest.raises(RunConflictError, match=r"max_image_side: saved absent \(written before the field existed: "
+                                               r"None\), requested 4"):
+        repro.run_polynomial_repro(replace(old, max_image_side=4), out, quiet=True)
+    r = CliRunner().invoke(app, ["reproduce", "polynomial", "--dataset", "digits", "--seeds", "1", "--steps", "32",
+                                 "--d-hidden", "8", "--mc-samples", "200", "--warmup-steps", "16", "--max-image-side",
+                                 "4", "--out", str(out), "--quiet"])
+    text = flat(r.output)
+    assert r.exit_code == 1 and "mixture_cg_dtype: saved absent (written before the field existed: 'float64'), " \
+                                "requested 'auto'" in text
+    assert "rerun with --covariance empirical (no --max-image-side) --mixture-cg-dtype float64" in text
+    assert json.loads((out / "config.json").read_text()) == saved  # a refused request writes nothing
+    again = repro.run_polynomial_repro(old, out, quiet=True)
+    assert again["final"] == first["final"] and again["curves"] == first["curves"]
+    assert [p.stat().st_mtime_ns for p in files] == stamps  # nothing retrained or refitted
+    assert json.loads((out / "config.json").read_text()) == {**saved, **ADDED_FIELDS}  # now with every field
 
 
 # --------------------------------------------------------------------------- every checkpoint, warm starts, smoke size

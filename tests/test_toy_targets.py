@@ -127,7 +127,9 @@ def test_older_target_files_still_load(tmp_path):
     del cfg["lr_schedule"]
     save_toy(model, tmp_path / "old", {"loss": 0.1, "config": cfg})
     get_target("tms-5-2", 0, tmp_path / "old.safetensors", False, True)
-    with pytest.raises(ValueError, match="lr_schedule: saved 'constant', requested 'linear'"):
+    with pytest.raises(ValueError, match=r"lr_schedule: saved absent \(written before the field existed: 'constant'\), "
+                                         r"requested 'linear' \(it is the target of setting 'tms-5-2', seed 0, "
+                                         r"fidelity 'ours'\)"):
         get_target("tms-5-2", 0, tmp_path / "old.safetensors", False, True, "reference")
     g, info = get_target("gated-trig", 3, tmp_path / "g", False, True)
     assert info["config"] == {"n_functions": 4, "neurons_per_function": 10, "n_layers": 2, "seed": 3}

@@ -271,6 +271,38 @@ def test_out_dir_of_another_run_is_refused(digits, reference_run):
     assert info.value.diff == {"lr": (5e-3, 1e-3), "seed": (0, 3)}
 
 
+def test_checkpoints_of_an_earlier_version_resume_with_the_behaviour_of_that_time(digits, tmp_path, monkeypatch):
+    """A checkpoint written before a field of ADDED_FIELDS existed (its key absent) resumes and loads with the value
+    recorded there, and is refused naming the field when the request differs. ClassifierConfig has gained no field
+    since its first version, so weight_decay poses as one added later (0.05 before it existed, not the default)."""
+    from mlpinterp.models.config import ADDED_FIELDS
+
+    monkeypatch.setitem(ADDED_FIELDS, "weight_decay", 0.05)
+    old = small_cfg(steps=24, weight_decay=0.05)
+    train_classifier(old, digits, tmp_path, progress=False)
+    for meta_path in tmp_path.glob("*.json"):  # as an earlier version wrote them
+        meta = json.loads(meta_path.read_text())
+        if "config" in meta:
+            del meta["config"]["weight_decay"]
+            meta_path.write_text(json.dumps(meta))
+    stamp = (tmp_path / "step_0000024.safetensors").stat().st_mtime_ns
+    with pytest.raises(RunConflictError, match=r"weight_decay: saved absent \(written before the field existed: "
+                                               r"0.05\), requested 0.1") as info:
+        train_classifier(small_cfg(steps=32), digits, tmp_path, progress=False)
+    assert "weight_decay=0.05" in info.value.fix  # the value to pass, not the absent marker
+    load_classifier(tmp_path / "step_0000024.safetensors", config=old)  # its config read with weight_decay 0.05
+    train_classifier(old, digits, tmp_path, progress=False)  # finished: nothing trained
+    assert (tmp_path / "step_0000024.safetensors").stat().st_mtime_ns == stamp
+    new, real, written = small_cfg(steps=32, weight_decay=0.05), train_mod._checkpoint, []
+    monkeypatch.setattr(train_mod, "_checkpoint", lambda *a, **k: written.append(a[5]) or real(*a, **k))
+    train_classifier(new, digits, tmp_path, progress=False)
+    assert written == [32]  # extended from step 24, not retrained
+    monkeypatch.setattr(train_mod, "_checkpoint", real)
+    train_classifier(new, digits, tmp_path / "direct", progress=False)
+    assert_bit_identical(state(tmp_path / "step_0000032.safetensors"),
+                         state(tmp_path / "direct" / "step_0000032.safetensors"))
+
+
 def test_warmup_beyond_steps_is_kept_so_a_short_run_extends_bit_identically(digits, tmp_path):
     """warmup_steps > steps is used as given (never clamped to steps): 100 steps then 200 == 200 directly."""
     train_classifier(small_cfg(steps=100, warmup_steps=300), digits, tmp_path / "short", progress=False)

@@ -13,6 +13,7 @@ from mlpinterp.cli.errors import expected_errors, fail
 from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
+from mlpinterp.utils.validation import Implicit
 
 
 class DatasetName(StrEnum):
@@ -59,13 +60,15 @@ _FLAGS = {"d_hidden": "--d-hidden", "arch": "--arch", "activation": "--activatio
 
 
 def _conflict_fix(e, out: Path) -> str:
-    """How to continue the run in ``out`` (its saved settings as CLI options) or start a new one."""
+    """How to continue the run in ``out`` (its saved settings as CLI options) or start a new one; a setting the run
+    was written before has the value of that time."""
     opts, other = [], []
     for k, (saved, _) in sorted(e.diff.items()):
+        saved = saved.value if isinstance(saved, Implicit) else saved
         flag = _FLAGS.get(k)
         if flag is None:
             other.append(f"{k}={saved!r}")
-        elif isinstance(saved, bool):
+        elif isinstance(saved, bool) or saved is None:
             opts.append(flag if saved else f"(no {flag})")
         else:
             opts.append(f"{flag} {saved}")

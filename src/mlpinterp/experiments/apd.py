@@ -55,6 +55,7 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
+from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.utils.io import atomic_write_json, read_json, save_tensors, tensors_path
 from mlpinterp.utils.validation import check_device, check_int, config_differences
 
@@ -233,15 +234,20 @@ def _target_arch(kind: str, cfg: dict) -> dict:
             "d_mlp": cfg["n_functions"] * cfg["neurons_per_function"] // cfg["n_layers"]}
 
 
+#: Per target kind, the training-configuration fields added after targets were first saved with their configuration,
+#: with the behaviour before each (``config_diff``'s ``implicit``); resid-MLP and gated-trig have gained none.
+_TARGET_ADDED_FIELDS = {"tms": TMS_ADDED_FIELDS}
+
+
 def _saved_config(kind: str, meta: dict) -> dict | None:
-    """The training configuration a saved target's metadata records (``None`` if none). Fills in what targets
-    written before a field existed lack: a TMS ``lr_schedule`` (constant then), gated-trig's ``config`` (its seed
-    and ``neurons_per_function`` were recorded, the rest is the architecture)."""
+    """The training configuration a saved target's metadata records (``None`` if none). Gated-trig targets written
+    before their ``config`` was recorded get it from their seed and ``neurons_per_function`` (recorded) and their
+    architecture; fields added to a recorded configuration later are :data:`_TARGET_ADDED_FIELDS`."""
     info = meta.get("info")
     info = info if isinstance(info, dict) else {}
     cfg = info.get("config")
     if isinstance(cfg, dict):
-        return {"lr_schedule": "constant", **cfg} if kind == "tms" else dict(cfg)
+        return dict(cfg)
     arch = meta.get("arch")
     if kind == "gated_trig" and isinstance(arch, dict) and "seed" in info and "neurons_per_function" in info:
         return {"n_functions": arch.get("n_functions"), "neurons_per_function": info["neurons_per_function"],
@@ -303,12 +309,13 @@ def check_target(name: str, seed: int, path: str | os.PathLike, quick: bool, fid
     if saved is None:
         raise ValueError(f"target {str(path)!r} records no training configuration (info['config'] in "
                          f"{str(meta_path)!r}), so it cannot be checked to be the target of {run}; {fix}")
-    diffs = config_differences(saved, want)
+    implicit = _TARGET_ADDED_FIELDS.get(kind, {})
+    diffs = config_differences(saved, want, implicit=implicit)
     arch = meta.get("arch")
     if isinstance(arch, dict) and not diffs:
         diffs = [f"arch.{d}" for d in config_differences(arch, _target_arch(kind, want))]
     if diffs:
-        which = _which_target(kind, saved)
+        which = _which_target(kind, {**implicit, **saved})
         raise ValueError(f"target {str(path)!r} was not made with the recipe of {run}: " + "; ".join(diffs)
                          + (f" (it is the target of {which})" if which else "") + f"; {fix}")
     return True

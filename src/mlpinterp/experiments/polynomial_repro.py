@@ -26,7 +26,7 @@ import numpy as np
 
 from mlpinterp.data import load_dataset
 from mlpinterp.data.pooling import average_pool
-from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
+from mlpinterp.experiments.polynomial_config import ADDED_FIELDS, DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, checkpoint_steps, find_checkpoints, load_classifier, train_classifier
@@ -51,7 +51,8 @@ def _read_json(path: Path):
 
 
 def _check_resume(out: Path, r: dict) -> None:
-    """Refuse to resume into ``out`` when its ``config.json`` differs in a setting not in ``RESUMABLE_CHANGES``."""
+    """Refuse to resume into ``out`` when its ``config.json`` differs in a setting not in ``RESUMABLE_CHANGES``; a
+    ``config.json`` written before a field of :data:`ADDED_FIELDS` existed is read with the behaviour of that time."""
     from mlpinterp.models import RunConflictError
 
     f = out / "config.json"
@@ -60,7 +61,7 @@ def _check_resume(out: Path, r: dict) -> None:
     old = _read_json(f)
     if not isinstance(old, dict):
         raise ValueError(f"{str(f)!r} must hold a JSON object; delete it and rerun")
-    diff = config_diff(old, r, ignore=RESUMABLE_CHANGES)
+    diff = config_diff(old, r, ignore=RESUMABLE_CHANGES, implicit=ADDED_FIELDS)
     if diff:
         raise RunConflictError(out, "config.json", diff)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlpinterp.experiments.transformer_config import TransformerExperiment
+from mlpinterp.experiments.transformer_config import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.ffn.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 from mlpinterp.utils.validation import config_diff
@@ -253,14 +253,15 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 
 
 def _check_config(out: Path, exp: TransformerExperiment) -> dict:
-    """Refuse ``out`` if it holds a run with another configuration; returns this run's configuration as JSON
-    (written to ``out/config.json`` by the caller once the run's inputs are validated, so a command that fails on
-    a bad model or layer leaves nothing that blocks the corrected command)."""
+    """Refuse ``out`` if it holds a run with another configuration (a ``config.json`` written before a field of
+    :data:`~mlpinterp.experiments.transformer_config.ADDED_FIELDS` existed compares as the behaviour of that time);
+    returns this run's configuration as JSON (written to ``out/config.json`` by the caller once the run's inputs are
+    validated, so a command that fails on a bad model or layer leaves nothing that blocks the corrected command)."""
     cfg_path = out / "config.json"
     cfg = json.loads(json.dumps(asdict(exp)))
     if cfg_path.exists():
         old = read_json(cfg_path, what="run configuration")
-        diff = config_diff(old, cfg)
+        diff = config_diff(old, cfg, implicit=ADDED_FIELDS)
         if diff:
             from mlpinterp.models import RunConflictError
 

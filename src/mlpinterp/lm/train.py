@@ -24,7 +24,8 @@ Files in ``out``: the Hugging Face directory (``config.json``, ``model.safetenso
 ``checkpoint/train_state.safetensors`` + ``.json`` (parameters, AdamW moments, the torch RNG state, step, history;
 written atomically every ``checkpoint_every`` steps). Re-running on the same ``out`` resumes from the checkpoint
 and gives weights bit-identical to an uninterrupted run (same torch build and number of threads); a finished run
-returns its metrics at once; another configuration or corpus is refused.
+returns its metrics at once; another configuration or corpus is refused (a checkpoint written before a field of
+:data:`~mlpinterp.lm.train_config.ADDED_FIELDS` existed compares as the behaviour of that time).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch import Tensor, nn
 
 from mlpinterp.lm.text import read_texts, split_files, texts_digest, token_chunks
 from mlpinterp.lm.tokenizer import tokenizer_digest, train_tokenizer
-from mlpinterp.lm.train_config import LmTrainConfig
+from mlpinterp.lm.train_config import ADDED_FIELDS, LmTrainConfig
 from mlpinterp.models.train import RunConflictError
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
@@ -190,7 +191,7 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
         saved = read_json(ckpt.with_suffix(".json"), what="checkpoint metadata")
         digests = [k for k in corpus if k.endswith("digest")]
-        diff = config_diff(saved.get("config", {}), cfg.to_dict())
+        diff = config_diff(saved.get("config", {}), cfg.to_dict(), implicit=ADDED_FIELDS)
         diff.update(config_diff({k: v for k, v in saved.get("corpus", {}).items() if k in digests},
                                 {k: corpus[k] for k in digests}))
         if diff:

@@ -6,6 +6,12 @@ from dataclasses import asdict, dataclass
 
 from mlpinterp.utils.validation import check_int, check_real
 
+#: LmTrainConfig fields added after the first version that wrote train-lm checkpoints (f0653d2), with the behaviour
+#: before each: a checkpoint written before a field existed resumes when the request keeps that behaviour
+#: (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every field dates from f0653d2.
+#: Add a field here when it is added to LmTrainConfig.
+ADDED_FIELDS: dict = {}
+
 
 @dataclass(frozen=True)
 class LmTrainConfig:

@@ -11,6 +11,12 @@ ARCHS: tuple[str, ...] = ("mlp", "glu")
 ACTIVATION_NAMES: tuple[str, ...] = ("relu", "gelu", "silu", "tanh", "identity")
 """Hidden activations (the keys of ``mlpinterp.models.classifier.ACTIVATIONS``)."""
 
+#: ClassifierConfig fields added after the first version that wrote classifier checkpoints (dfc8473), with the
+#: behaviour before each: a checkpoint written before a field existed resumes (and loads) with that value when the
+#: request keeps that behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every
+#: field dates from dfc8473. Add a field here when it is added to ClassifierConfig.
+ADDED_FIELDS: dict = {}
+
 
 @dataclass(frozen=True)
 class ClassifierConfig:
@@ -77,7 +83,8 @@ class ClassifierConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ClassifierConfig:
-        """Inverse of :meth:`to_dict`; raises ``ValueError`` on unknown or missing keys."""
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` on unknown or missing keys. A field of
+        :data:`ADDED_FIELDS` that ``d`` lacks (written before it existed) takes its value from there."""
         if not isinstance(d, dict):
             raise TypeError(f"config must be a dict, got {type(d).__name__}")
         names = {f.name for f in fields(cls)}
@@ -85,6 +92,6 @@ class ClassifierConfig:
         if unknown:
             raise ValueError(f"config has unknown key(s) {unknown}; expected a subset of {sorted(names)}")
         try:
-            return cls(**d)
+            return cls(**{**ADDED_FIELDS, **d})
         except TypeError as e:
             raise ValueError(f"invalid config {d!r}: {e}") from e

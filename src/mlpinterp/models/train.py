@@ -36,10 +36,11 @@ from torch import nn
 
 from mlpinterp.data.dataset import Dataset
 from mlpinterp.models.classifier import Classifier, ClassifierConfig
+from mlpinterp.models.config import ADDED_FIELDS
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import load_tensors, save_tensors
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.validation import config_diff, describe_diff
+from mlpinterp.utils.validation import Implicit, config_diff, describe_diff
 
 CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
 """``format`` field of checkpoint metadata."""
@@ -180,7 +181,7 @@ class RunConflictError(ValueError):
     def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple], fix: str | None = None):
         self.out_dir, self.diff = Path(out_dir), dict(diff)
         what = "; ".join(describe_diff(self.diff))
-        saved = ", ".join(f"{k}={a!r}" for k, (a, _) in self.diff.items())
+        saved = ", ".join(f"{k}={a.value if isinstance(a, Implicit) else a!r}" for k, (a, _) in self.diff.items())
         self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
                            f"output directory or delete {str(self.out_dir)!r}")
         self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
@@ -188,8 +189,9 @@ class RunConflictError(ValueError):
 
 
 def _run_diff(meta: dict, cfg: ClassifierConfig, data: Dataset) -> dict[str, tuple]:
-    """``{field: (saved, requested)}`` for every setting (other than ``steps``) where a checkpoint differs."""
-    diff = config_diff(meta.get("config") or {}, cfg.to_dict(), ignore={"steps"})
+    """``{field: (saved, requested)}`` for every setting (other than ``steps``) where a checkpoint differs (a field
+    the checkpoint was written before compares as its :data:`~mlpinterp.models.config.ADDED_FIELDS` value)."""
+    diff = config_diff(meta.get("config") or {}, cfg.to_dict(), ignore={"steps"}, implicit=ADDED_FIELDS)
     if meta.get("dataset") != data.name:
         diff["dataset"] = (meta.get("dataset"), data.name)
     return diff
