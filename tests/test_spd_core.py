@@ -421,6 +421,25 @@ def test_base_mapping_and_delta_errors_name_the_argument():
         run_with_components(model, dec.components, x, masks, base=1.0)
 
 
+@pytest.mark.parametrize("bad, msg", [
+    (torch.ones(5, dtype=torch.long), r"delta\['lin1'\] must be a floating-point tensor, got torch.int64"),
+    (torch.tensor([0.5, float("nan"), 0.5, 0.5, 0.5]), r"delta\['lin1'\] contains NaN or inf"),
+    (torch.rand(5, dtype=torch.float64), r"delta\['lin1'\] must have the masks' dtype torch.float32, got "
+                                         r"torch.float64"),
+])
+def test_bad_delta_values_are_named_as_delta(bad, msg):
+    """A delta the reconstruction losses cannot use is refused naming ``delta`` (not ``base``/``coef``, the
+    ``run_with_components`` arguments it becomes, nor a raw torch dtype error)."""
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3)
+    masks = _masks(dec, 5)
+    target = model(x).detach()
+    for loss in (stochastic_recon_loss, layerwise_recon_loss):
+        with pytest.raises(ValueError, match=msg):
+            loss(model, dec.components, x, masks, target, delta={"lin1": bad, "lin2": torch.rand(5)})
+
+
 @pytest.mark.parametrize("layerwise_masks", ["shared", "fresh"])
 def test_spd_losses_draw_the_layerwise_masks_as_configured(layerwise_masks):
     """"shared": the layerwise loss reuses the full loss's masks; "fresh" (the reference's): a second draw from the

@@ -42,7 +42,10 @@ def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -
             raise ValueError(f"masks[{k!r}] must have shape [batch={n}, C={comps.C}], got {got}")
 
 
-def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n: int) -> None:
+def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n: int,
+                 masks: Mapping[str, torch.Tensor]) -> None:
+    """``delta`` (after :func:`_check_masks`): ``None`` or one finite floating-point ``[batch]`` tensor per site, of
+    its masks' dtype (errors name ``delta``, not the ``base``/``coef`` it becomes in ``run_with_components``)."""
     if delta is None:
         return
     if not isinstance(delta, Mapping):
@@ -54,6 +57,14 @@ def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n:
         if not isinstance(r, torch.Tensor) or tuple(r.shape) != (n,):
             got = list(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
             raise ValueError(f"delta[{k!r}] must have shape [batch={n}], got {got}")
+        if not r.is_floating_point():
+            raise ValueError(f"delta[{k!r}] must be a floating-point tensor, got {r.dtype}")
+        if r.dtype != masks[k].dtype:
+            raise ValueError(f"delta[{k!r}] must have the masks' dtype {masks[k].dtype}, got {r.dtype}")
+    finite = torch.stack([torch.isfinite(r).all() for r in delta.values()]).tolist()  # one device sync
+    bad = [k for k, ok in zip(delta, finite, strict=True) if not ok]
+    if bad:
+        raise ValueError(f"delta[{bad[0]!r}] contains NaN or inf")
 
 
 def _masked(masks: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor] | None, names) -> dict:
@@ -70,7 +81,7 @@ def stochastic_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, 
     """``D(f(x | {U_s diag(m_s) V_s [+ r_s (W_s - U_s V_s)]}), target_out)`` with every site masked (scalar);
     the bracket only with ``delta`` (``{site: r_s [batch]}``)."""
     _check_masks(comps, masks, x.shape[0])
-    _check_delta(comps, delta, x.shape[0])
+    _check_delta(comps, delta, x.shape[0], masks)
     return minimality_loss(run_with_components(model, comps, x, **_masked(masks, delta, masks)), target_out, kind)
 
 
@@ -80,7 +91,7 @@ def layerwise_recon_loss(model: nn.Module, comps: Components, x: torch.Tensor, m
     """``(1/L) sum_s D(f(x | W_1, ..., U_s diag(m_s) V_s [+ r_s (W_s - U_s V_s)], ..., W_L), target_out)``
     (scalar)."""
     _check_masks(comps, masks, x.shape[0])
-    _check_delta(comps, delta, x.shape[0])
+    _check_delta(comps, delta, x.shape[0], masks)
     total = 0.0
     for s in comps.sites:
         out = run_with_components(model, comps, x, **_masked(masks, delta, [s.name]), only=(s.name,))
