@@ -44,6 +44,22 @@ def test_lr_schedule_is_cos_half_pi():
         with_overrides(cfg, lr_schedule="cos")
 
 
+def test_diverged_faithfulness_warmup_names_its_own_settings(tms52_target, tmp_path):
+    """A warm-up that blows up is reported as the warm-up's, naming faithfulness_warmup_lr (its value) and weight decay,
+    not as "SPD training diverged at step 0 ... --lr on the command line" (--lr does not set the warm-up's rate), and
+    writes no checkpoint."""
+    from mlpinterp.utils.checkpoint import TrainingDiverged
+
+    cfg = _tms_cfg(faithfulness_warmup_steps=5, faithfulness_warmup_lr=1e30)
+    with pytest.raises(TrainingDiverged) as info:
+        decompose(as_linears(tms52_target), _sample, cfg, out_dir=tmp_path, quiet=True)
+    msg = str(info.value)
+    assert "faithfulness warm-up diverged" in msg and "faithfulness_warmup_lr = 1e+30" in msg, msg
+    assert "faithfulness_warmup_weight_decay" in msg and "--lr" not in msg, msg
+    assert "--lr" not in info.value.fix and "faithfulness_warmup_lr" in info.value.fix
+    assert not (tmp_path / "checkpoint.safetensors").exists()
+
+
 def test_faithfulness_warmup_is_adamw_on_the_subcomponents_alone(tms52_target):
     """The warm-up against a hand-written AdamW loop on a copy of the same initial decomposition: the subcomponents
     end where the loop ends, the causal-importance MLPs are untouched, and the faithfulness loss falls."""

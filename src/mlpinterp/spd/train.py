@@ -36,6 +36,7 @@ from mlpinterp.spd.losses import (
 from mlpinterp.spd.masks import stochastic_mask
 from mlpinterp.toys.data import step_generator
 from mlpinterp.utils.checkpoint import (
+    TrainingDiverged,
     check_loss_finite,
     check_params_finite,
     explain_failure,
@@ -44,7 +45,7 @@ from mlpinterp.utils.checkpoint import (
     save_training_state,
 )
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
+from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real, nonfinite_names
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LAYERWISE_MASKS = ("shared", "fresh")
@@ -236,7 +237,9 @@ def draw_masks(g_low: dict[str, torch.Tensor], delta_component: bool, generator:
 def faithfulness_warmup(dec: Decomposition, target_weights: dict[str, torch.Tensor], cfg: SPDConfig) -> list[float]:
     """The current SPD reference's warm-up: ``cfg.faithfulness_warmup_steps`` AdamW steps (``faithfulness_warmup_lr``,
     ``faithfulness_warmup_weight_decay``) on the faithfulness loss alone, over the subcomponents' ``U``, ``V`` only
-    (the causal-importance MLPs are untouched). Deterministic; returns the loss before each step."""
+    (the causal-importance MLPs are untouched). Deterministic; returns the loss before each step. Raises
+    :class:`~mlpinterp.utils.checkpoint.TrainingDiverged` naming the warm-up's settings when a loss or a parameter
+    is NaN or inf (``--lr`` does not set the warm-up's rate)."""
     params = list(dec.components.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.faithfulness_warmup_lr, weight_decay=cfg.faithfulness_warmup_weight_decay)
     losses = []
@@ -246,6 +249,18 @@ def faithfulness_warmup(dec: Decomposition, target_weights: dict[str, torch.Tens
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+    bad = nonfinite_names(dec.components.named_parameters())
+    with torch.no_grad():
+        final = float(faithfulness_loss(dec.components, target_weights))
+    if bad or not all(math.isfinite(v) for v in (*losses, final)):
+        what = f"parameters {bad[:4]} are NaN or inf" if bad else f"faithfulness loss {final}"
+        err = TrainingDiverged(
+            f"SPD faithfulness warm-up diverged ({what} after {cfg.faithfulness_warmup_steps} AdamW steps); lower "
+            f"faithfulness_warmup_lr = {cfg.faithfulness_warmup_lr:g} or faithfulness_warmup_weight_decay = "
+            f"{cfg.faithfulness_warmup_weight_decay:g}", 0)
+        err.fix = ("lower faithfulness_warmup_lr or faithfulness_warmup_weight_decay in the SPDConfig (the presets' "
+                   "0.01 and 0.1 are the reference's); no checkpoint was written")
+        raise err
     return losses
 
 
@@ -317,8 +332,6 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     t0 = time.perf_counter()
     if start == 0 and cfg.faithfulness_warmup_steps:  # a checkpoint is written after step 0, so after the warm-up
         warm = faithfulness_warmup(dec, target_weights, cfg)
-        check_params_finite("SPD faithfulness warm-up", 0, dec, cfg.faithfulness_warmup_lr,
-                            lambda: faithfulness_loss(dec.components, target_weights))
         warm_logs = {"faithfulness_warmup_first": warm[0], "faithfulness_warmup_last": warm[-1]}
     else:
         warm_logs = {}
