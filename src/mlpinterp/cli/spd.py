@@ -55,8 +55,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             Recipe.paper, "--recipe",
             help="paper: the SPD paper's presets. current: the SPD reference implementation's recipe of Feb 2026 "
                  "(goodfire-ai/spd): a delta component instead of the faithfulness loss, a 200-step faithfulness "
-                 "warm-up, fresh layerwise masks, its step counts (TMS 10k, 40-10+ID 20k, resid-MLP-1 20k) and its "
-                 "cosine annealing; not for resid-mlp-2. With --quick, the quick budget."),
+                 "warm-up, fresh layerwise masks, its step counts (TMS 10k, 40-10+ID 20k, resid-MLP-1 20k) and, for "
+                 "TMS, its cosine annealing; not for resid-mlp-2. With --quick, the quick preset's steps, batch and "
+                 "(TMS 5-2) lr."),
         apd_run: Path | None = typer.Option(None, "--apd-run", help="--out directory of `reproduce apd` on the same "
                                             "TMS setting: its per-seed MMCS / ML2R go beside ours in the report "
                                             "(the targets are checked identical)."),

@@ -157,7 +157,8 @@ _LOSSES = ("faithfulness", "stochastic_recon", "layerwise_recon", "importance_mi
 
 def spd_config(name: str, quick: bool, seed: int, recipe: str = "paper", **overrides) -> SPDConfig:
     """The SPD configuration of ``name`` (paper or quick preset of ``recipe``, see :data:`RECIPES`) with ``seed`` and
-    ``overrides`` applied (the quick budget replaces the recipe's steps and batch).
+    ``overrides`` applied (the quick preset's fields replace the recipe's: steps, batch size, logging and, for
+    TMS 5-2 with or without the identity, the learning rate 1e-2).
 
     Raises ``ValueError`` for an unknown setting or recipe, the current recipe of resid-MLP-2 (not implemented:
     the message says why) or unknown override fields."""
