@@ -60,6 +60,20 @@ def test_diverged_faithfulness_warmup_names_its_own_settings(tms52_target, tmp_p
     assert not (tmp_path / "checkpoint.safetensors").exists()
 
 
+def test_failed_warmup_or_refused_resume_leaves_the_models_requires_grad_as_it_was(tms52_target, tmp_path):
+    """``decompose`` freezes the target while it runs and restores its flags afterwards, also when it fails before
+    the first step (a diverged warm-up, a checkpoint of another configuration): "never modified"."""
+    model = as_linears(tms52_target)
+    model.requires_grad_(True)
+    with pytest.raises(ValueError, match="warm-up diverged"):
+        decompose(model, _sample, _tms_cfg(faithfulness_warmup_steps=2, faithfulness_warmup_lr=1e30), quiet=True)
+    assert all(p.requires_grad for p in model.parameters())
+    decompose(model, _sample, _tms_cfg(steps=2), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match="different configuration"):
+        decompose(model, _sample, _tms_cfg(steps=2, C=9), out_dir=tmp_path, quiet=True)
+    assert all(p.requires_grad for p in model.parameters())
+
+
 def test_faithfulness_warmup_is_adamw_on_the_subcomponents_alone(tms52_target):
     """The warm-up against a hand-written AdamW loop on a copy of the same initial decomposition: the subcomponents
     end where the loop ends, the causal-importance MLPs are untouched, and the faithfulness loss falls."""

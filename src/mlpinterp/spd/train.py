@@ -322,8 +322,6 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed),
                         init=cfg.init, tied={dst: src for src, dst in cfg.tied}, target_weights=target_weights)
     dec.to(device=dev, dtype=dtype)
-    flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    model.requires_grad_(False)
     opt = torch.optim.Adam(dec.parameters(), lr=cfg.lr)
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
     start, history, prev = 0, [], 0.0
@@ -335,6 +333,9 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
         warm_logs = {"faithfulness_warmup_first": warm[0], "faithfulness_warmup_last": warm[-1]}
     else:
         warm_logs = {}
+    # frozen only inside the try: a refused checkpoint or a diverged warm-up (above) leaves the caller's flags alone
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.requires_grad_(False)
     try:
         with progress_bar(cfg.steps, initial=start, desc="SPD", quiet=quiet) as bar:
             for step in range(start, cfg.steps):
