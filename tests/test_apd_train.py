@@ -84,8 +84,10 @@ def test_resume_is_exact_and_deterministic(tms52, tmp_path):
     for a, b in zip(full.components.parameters(), resumed.components.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert [h["step"] for h in resumed.history] == [h["step"] for h in full.history]
+    flags = [p.requires_grad for p in tms52.parameters()]
     with pytest.raises(ValueError, match="different configuration"):
         decompose(tms52, _sample_tms, with_overrides(cfg, C=6), out_dir=tmp_path, quiet=True)
+    assert [p.requires_grad for p in tms52.parameters()] == flags and all(flags)  # a refused resume freezes nothing
     # a checkpoint written before `init` / `init_instances` existed resumes with the behaviour of that time only
     import json
 

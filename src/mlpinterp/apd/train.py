@@ -302,8 +302,6 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     if cfg.unit_norm_B:
         comps.normalize_B_()
     comps.to(dev)
-    flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    model.requires_grad_(False)
     target_weights = {s.name: target_weight(model, s).detach() for s in sites}
     opt = torch.optim.AdamW(comps.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None
@@ -311,6 +309,9 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: APDC
     if ckpt is not None and ckpt.exists() and ckpt.with_suffix(".json").exists():
         start, history, prev_seconds = load_training_state(ckpt, comps, opt, asdict(cfg), implicit=ADDED_FIELDS)
     t0 = time.perf_counter()
+    # frozen only inside the try: a refused checkpoint (above) leaves the caller's flags alone
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.requires_grad_(False)
     try:
         with progress_bar(cfg.steps, initial=start, desc="APD", quiet=quiet) as bar:
             for step in range(start, cfg.steps):
