@@ -281,17 +281,22 @@ def test_bad_tying_raises_clear_errors(tms52_target):
 
 
 # ---------------------------------------------------------------------------------- losses vs hand
-def _hand_tiny(model, dec, x, masks, only=None):
-    """Output with W_b = sum_c m[b, c] U_c V_c^T built explicitly per sample (sites outside ``only`` unmasked W)."""
+def _hand_tiny(model, dec, x, masks, only=None, delta=None):
+    """Output with W_b = sum_c m[b, c] U_c V_c^T built explicitly per sample (sites outside ``only`` unmasked W);
+    with ``delta`` (``{site: [batch]}``) plus the delta component ``r_b (W - sum_c U_c V_c^T)``."""
     ys = []
     for b in range(x.shape[0]):
         Ws = {}
         for name in ("lin1", "lin2"):
+            W = getattr(model, name).weight
             if only is None or name in only:
                 U, V = dec.U(name), dec.V(name)
-                Ws[name] = sum(masks[name][b, c] * torch.outer(U[:, c], V[c]) for c in range(dec.C))
+                comps = [torch.outer(U[:, c], V[c]) for c in range(dec.C)]
+                Ws[name] = sum(masks[name][b, c] * P for c, P in enumerate(comps))
+                if delta is not None:
+                    Ws[name] = Ws[name] + delta[name][b] * (W - sum(comps))
             else:
-                Ws[name] = getattr(model, name).weight
+                Ws[name] = W
         h = torch.relu(Ws["lin1"] @ x[b] + model.lin1.bias)
         ys.append(Ws["lin2"] @ h + model.lin2.bias)
     return torch.stack(ys)
@@ -319,24 +324,6 @@ def test_stochastic_and_layerwise_recon_match_hand_computation():
     assert float(full) > 1e-3 and float(lay) > 1e-3  # random masks on random subcomponents: far from the target
 
 
-def _hand_tiny_delta(model, dec, x, masks, delta, only=None):
-    """As :func:`_hand_tiny`, with the delta component ``r_b (W - sum_c U_c V_c^T)`` added at the masked sites."""
-    ys = []
-    for b in range(x.shape[0]):
-        Ws = {}
-        for name in ("lin1", "lin2"):
-            W = getattr(model, name).weight
-            if only is None or name in only:
-                U, V = dec.U(name), dec.V(name)
-                comps = [torch.outer(U[:, c], V[c]) for c in range(dec.C)]
-                Ws[name] = sum(masks[name][b, c] * P for c, P in enumerate(comps)) + delta[name][b] * (W - sum(comps))
-            else:
-                Ws[name] = W
-        h = torch.relu(Ws["lin1"] @ x[b] + model.lin1.bias)
-        ys.append(Ws["lin2"] @ h + model.lin2.bias)
-    return torch.stack(ys)
-
-
 def test_delta_component_recon_matches_hand_computation_and_is_exact_at_full_masks():
     model = Tiny()
     dec = _dec(model, ["lin1", "lin2"])
@@ -347,8 +334,8 @@ def test_delta_component_recon_matches_hand_computation_and_is_exact_at_full_mas
         target = model(x)
         full = stochastic_recon_loss(model, dec.components, x, masks, target, delta=delta)
         lay = layerwise_recon_loss(model, dec.components, x, masks, target, delta=delta)
-        want = ((_hand_tiny_delta(model, dec, x, masks, delta) - target) ** 2).mean()
-        want_lay = sum(((_hand_tiny_delta(model, dec, x, masks, delta, only={n}) - target) ** 2).mean()
+        want = ((_hand_tiny(model, dec, x, masks, delta=delta) - target) ** 2).mean()
+        want_lay = sum(((_hand_tiny(model, dec, x, masks, only={n}, delta=delta) - target) ** 2).mean()
                        for n in ("lin1", "lin2")) / 2
         without = stochastic_recon_loss(model, dec.components, x, masks, target)
         # every mask 1, the delta's too: sum_c U_c V_c^T + (W - sum_c U_c V_c^T) = W, the target, whatever U and V

@@ -205,11 +205,10 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         elif b:
             w = w + target_weight(model, s)
         weights[s.name] = w
-    static_base = base if isinstance(base, bool) else {}
 
     def one(xb: torch.Tensor, cb: dict, bb: dict, wb: dict) -> torch.Tensor:
         state["coef"] = {**static, **{k: v[None] for k, v in cb.items()}}
-        state["base"] = static_base if isinstance(static_base, bool) else {k: v[None] for k, v in bb.items()}
+        state["base"] = base if isinstance(base, bool) else {k: v[None] for k, v in bb.items()}
         return torch.func.functional_call(model, wb, (xb[None],), strict=False)[0]
 
     with _patched(model, comps, state):

@@ -121,11 +121,12 @@ _CURRENT_ALL = dict(delta_component=True, faithfulness_coeff=0.0, faithfulness_w
                     faithfulness_warmup_lr=0.01, faithfulness_warmup_weight_decay=0.1, layerwise_masks="fresh",
                     init="scaled")
 #: ... and per setting (its step counts; its "cosine" is a half-period cosine annealing).
+_CURRENT_TMS = dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing")
 CURRENT: dict[str, dict] = {
-    "tms-5-2": dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing"),
-    "tms-40-10": dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing"),
-    "tms-5-2-id": dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing"),
-    "tms-40-10-id": dict(_CURRENT_ALL, steps=20_000, lr_schedule="cosine-annealing"),
+    "tms-5-2": _CURRENT_TMS,
+    "tms-40-10": _CURRENT_TMS,
+    "tms-5-2-id": _CURRENT_TMS,
+    "tms-40-10-id": dict(_CURRENT_TMS, steps=20_000),
     "resid-mlp-1": dict(_CURRENT_ALL, steps=20_000),
     "resid-mlp-3": dict(_CURRENT_ALL, steps=50_000, importance_minimality_coeff=1e-5),
 }
