@@ -135,9 +135,10 @@ def test_cli_reference_roundtrip_and_target_mismatch(tmp_path):
 
 
 def test_train_target_cli_fidelity(tmp_path):
-    res = CliRunner().invoke(app, ["apd", "train-target", "--setting", "resid-mlp-1", "--out", str(tmp_path / "t"),
-                                   "--fidelity", "reference", "--quick", "--quiet"])
+    res = CliRunner().invoke(app, ["apd", "train-target", "--setting", "gated-trig", "--out", str(tmp_path / "t"),
+                                   "--fidelity", "reference", "--quiet"])
     assert res.exit_code == 1 and "defined for" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "t.safetensors").exists()
 
 
 def test_bad_fidelity_values(tmp_path):
@@ -148,8 +149,8 @@ def test_bad_fidelity_values(tmp_path):
         reproduce("tms-5-2", 1, tmp_path, fidelity="exact")
     with pytest.raises(ValueError, match="fidelity must be one of"):
         apd_config("tms-5-2", True, 0, "Reference")
-    with pytest.raises(ValueError, match="defined for .*tms-40-10.* only"):
-        reproduce("resid-mlp-1", 1, tmp_path, fidelity="reference")
+    with pytest.raises(ValueError, match="defined for the TMS and residual-MLP targets only"):
+        reproduce("gated-trig", 1, tmp_path, fidelity="reference")
     with pytest.raises(ValueError, match="defined for"):
         reference_overrides("gated-trig")
     with pytest.raises(ValueError, match="fidelity must be one of"):

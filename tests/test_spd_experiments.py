@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import torch
 from typer.testing import CliRunner
@@ -11,7 +12,16 @@ from typer.testing import CliRunner
 from mlpinterp.apd import resolve_sites
 from mlpinterp.cli.main import app
 from mlpinterp.experiments.apd import target_config
-from mlpinterp.experiments.spd import PRESETS, QUICK, SETTINGS, render_report, reproduce, spd_config, spd_target
+from mlpinterp.experiments.spd import (
+    PRESETS,
+    QUICK,
+    SETTINGS,
+    render_report,
+    reproduce,
+    spd_config,
+    spd_target,
+    target_fidelity,
+)
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 
 torch.set_num_threads(1)
@@ -19,7 +29,7 @@ torch.set_num_threads(1)
 
 def _info(setting="tms-5-2", seed=0):
     """Metadata making a pre-placed stand-in target pass as the one SPD would train (its recipe, checked on loading)."""
-    return {"loss": 0.0, "config": target_config(setting, seed, True, "ours")}
+    return {"loss": 0.0, "config": target_config(setting, seed, True, target_fidelity(setting))}
 
 
 def _args(out, *extra):
@@ -100,9 +110,23 @@ def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
 
 
 def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):
-    save_toy(build_resid_mlp(RESID_PRESETS["resid-mlp-1"]), tmp_path / "r" / "seed0" / "target",
-             _info("resid-mlp-1"))
+    biased = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
+    save_toy(biased, tmp_path / "old" / "seed0" / "target", {"loss": 0.0, "config": target_config(
+        "resid-mlp-1", 0, True, "ours")})
+    try:  # a biased target of before 2026-12-04 is not the SPD reference's: refused, naming the field
+        reproduce("resid-mlp-1", 1, tmp_path / "old", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
+        raise AssertionError("biased target accepted")
+    except ValueError as e:
+        assert "bias: saved True, requested False" in str(e) and "fidelity 'ours'" in str(e), str(e)
+    out = reproduce("resid-mlp-1", 1, tmp_path / "old", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400,
+                    fidelity="ours")  # ... and decomposed as before when asked for
+    assert out["target_fidelity"] == "ours"
+    model = build_resid_mlp(replace(RESID_PRESETS["resid-mlp-1"], bias=False))
+    assert model.layers[0].mlp_in.bias is None and model.layers[0].mlp_out.bias is None
+    save_toy(model, tmp_path / "r" / "seed0" / "target", _info("resid-mlp-1"))
     out = reproduce("resid-mlp-1", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400)
+    assert out["target_fidelity"] == "reference"
+    assert "no biases" in (tmp_path / "r" / "report.md").read_text()
     m = out["per_seed"][0]
     assert set(m["alive"]) == {"layers.0.mlp_in", "layers.0.mlp_out"}
     assert len(m["subcomponents_per_feature"]["layers.0.mlp_in"]) == 100

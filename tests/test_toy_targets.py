@@ -47,7 +47,7 @@ def test_quick_resid_target_refused_under_a_paper_run(tmp_path):
     msg = str(e.value)
     assert str(path) in msg and "paper preset" in msg
     assert "steps: saved 2000, requested 10000" in msg and "batch_size: saved 1024, requested 2048" in msg
-    assert "(it is the target of setting 'resid-mlp-1', seed 0, --quick)" in msg and "another out directory" in msg
+    assert "(it is the target of setting 'resid-mlp-1', seed 0, --quick, fidelity 'ours')" in msg and "another out directory" in msg
     with pytest.raises(ValueError, match="steps: saved 2000, requested 10000"):  # before any training
         reproduce("resid-mlp-1", 1, tmp_path, quick=False, quiet=True)
     assert not (tmp_path / "seed0" / "apd").exists()
@@ -231,3 +231,52 @@ def test_cli_train_target_directory_and_negative_seed(tmp_path):
         res = _train("--setting", setting, "--seed", "-5", "--out", str(tmp_path / "neg"))
         assert res.exit_code == 2 and "--seed" in res.output, res.output
     assert not list(tmp_path.glob("neg*"))
+
+
+def test_reference_resid_targets_have_no_biases_and_the_reference_recipe(tmp_path):
+    """fidelity="reference" residual-MLP targets: the APD/SPD reference's recipe (no biases, 1k steps at batch 2048,
+    lr 3e-3 with cos(pi/2 t/(T-1)); 10k steps for resid-MLP-3, shortened by --quick); a bias-free target saves and
+    loads as one (its forward reproduced), and a biased target of an earlier version is told apart by its missing
+    ``bias`` field (implicitly True)."""
+    import math
+    from dataclasses import replace
+
+    from mlpinterp.toys.resid_mlp import _target_lr
+
+    ref = target_config("resid-mlp-1", 0, False, "reference")
+    assert {k: ref[k] for k in ("bias", "steps", "batch_size", "lr", "lr_schedule", "weight_decay", "d_mlp")} == {
+        "bias": False, "steps": 1000, "batch_size": 2048, "lr": 3e-3, "lr_schedule": "quarter_cosine",
+        "weight_decay": 0.01, "d_mlp": 50}
+    assert target_config("resid-mlp-1", 0, True, "reference") == ref  # already below the quick budget
+    assert target_config("resid-mlp-3", 0, False, "reference")["steps"] == 10_000
+    assert target_config("resid-mlp-3", 0, True, "reference")["steps"] == 2000
+    cfg = ResidMLPConfig(**ref)
+    assert _target_lr(cfg, 0) == 3e-3 and _target_lr(cfg, 999) == pytest.approx(0.0, abs=1e-15)
+    assert _target_lr(cfg, 333) == pytest.approx(3e-3 * math.cos(math.pi / 6))
+    assert _target_lr(replace(cfg, lr_schedule="cosine"), 500) == pytest.approx(1.5e-3)  # the half period
+    tiny = replace(cfg, n_features=6, d_embed=12, d_mlp=4, steps=3, batch_size=16)
+    model, info = train_resid_mlp(tiny, quiet=True)
+    assert all(blk.mlp_in.bias is None and blk.mlp_out.bias is None for blk in model.layers)
+    save_toy(model, tmp_path / "t", info)
+    meta = json.loads((tmp_path / "t.json").read_text())
+    assert meta["arch"]["bias"] is False
+    loaded, _ = load_toy(tmp_path / "t.safetensors")
+    x = torch.rand(5, 6)
+    torch.testing.assert_close(loaded(x), model(x))
+    meta["arch"]["bias"] = True  # only False is ever written
+    (tmp_path / "t.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="'bias' is recorded only as false"):
+        load_toy(tmp_path / "t.safetensors")
+    biased = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
+    old = {k: v for k, v in target_config("resid-mlp-1", 0, True, "ours").items() if k not in ("bias", "lr_schedule")}
+    save_toy(biased, tmp_path / "old", {"loss": 0.0, "config": old})  # written before the two fields existed
+    assert check_target("resid-mlp-1", 0, tmp_path / "old", True, "ours")
+    with pytest.raises(ValueError, match=r"bias: saved absent \(written before the field existed: True\), "
+                                         r"requested False"):
+        check_target("resid-mlp-1", 0, tmp_path / "old", True, "reference")
+    for bad, exc, msg in ((dict(bias=1), TypeError, "bias must be a bool"),
+                          (dict(lr_schedule="linear"), ValueError, "lr_schedule must be one of")):
+        with pytest.raises(exc, match=msg):
+            ResidMLPConfig(**bad)
+    with pytest.raises(ValueError, match="fidelity='reference' is defined for the TMS and residual-MLP targets"):
+        target_config("gated-trig", 0, False, "reference")

@@ -68,8 +68,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                  f"pass a file path, e.g. --out {str(out / 'target.safetensors')!r}")
         path = tensors_path(out)
         fid = None if fidelity is None else fidelity.value
-        with expected_errors("a target of another recipe: pass another --out; --fidelity reference: TMS settings "
-                             "only (pass --fidelity ours)"):
+        with expected_errors("a target of another recipe: pass another --out; --fidelity reference: TMS and "
+                             "residual-MLP settings only (pass --fidelity ours)"):
             reused = check_target(setting.value, seed, path, quick, fid)
             _, info = get_target(setting.value, seed, path, quick, quiet, fid)
         loss = info.get("loss")

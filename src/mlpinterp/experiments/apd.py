@@ -55,6 +55,7 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
+from mlpinterp.toys.resid_mlp import ADDED_FIELDS as RESID_ADDED_FIELDS
 from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.utils.io import atomic_write_json, read_json, save_tensors, tensors_path
 from mlpinterp.utils.validation import check_device, check_int, config_differences
@@ -102,7 +103,8 @@ QUICK: dict[str, dict] = {
     "gated-trig": dict(steps=8000, batch_size=2048, lr_schedule="cosine", log_every=400),
 }
 
-#: ``fidelity``: ``"ours"`` (the presets above) or ``"reference"`` (TMS only: the APD reference implementation's way).
+#: ``fidelity``: ``"ours"`` (the presets above) or ``"reference"`` (the APD/SPD reference implementation's way: for
+#: TMS the APD method and its target recipe, for the residual MLPs the target recipe only, :data:`REFERENCE_TARGET`).
 FIDELITIES = ("ours", "reference")
 
 #: The fidelity a setting runs at when none is given: the better one measured at the paper preset (issue 10, item 5;
@@ -144,6 +146,15 @@ def _resolve_fidelity(name: str, fidelity: str | None) -> str:
 QUICK_TARGET = {"tms-5-2": {}, "tms-40-10": {}, "resid-mlp-1": dict(steps=2000, batch_size=1024),
                 "resid-mlp-2": dict(steps=2000, batch_size=1024), "resid-mlp-3": dict(steps=2000, batch_size=1024)}
 
+#: Residual-MLP targets at ``fidelity="reference"``: the APD/SPD reference's (``train_resid_mlp.py`` at a1cf5a03 and
+#: 6a8d0324): MLPs without biases (``in_bias=False, out_bias=False``), batch 2048, lr 3e-3 with its
+#: ``cos(pi/2 t/(T-1))`` schedule, AdamW weight decay 0.01; 1k steps for 1 and 2 layers, 10k for 3. With ``quick``
+#: only resid-MLP-3 is shortened (to QUICK_TARGET's budget); the others are already below it.
+_REFERENCE_RESID = dict(bias=False, lr_schedule="quarter_cosine", batch_size=2048, lr=3e-3, weight_decay=0.01)
+REFERENCE_TARGET = {"resid-mlp-1": dict(_REFERENCE_RESID, steps=1000),
+                    "resid-mlp-2": dict(_REFERENCE_RESID, steps=1000),
+                    "resid-mlp-3": dict(_REFERENCE_RESID, steps=10_000)}
+
 
 @dataclass(frozen=True)
 class SettingSpec:
@@ -176,7 +187,7 @@ def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, *
     fidelity = _resolve_fidelity(name, fidelity)
     cfg = PRESETS[name]
     kw = dict(QUICK[name]) if quick else {}
-    if fidelity == "reference":
+    if fidelity == "reference" and name in TMS_PRESETS:  # elsewhere "reference" is the target's recipe only
         kw.update(reference_overrides(name))
     kw.update(overrides)
     kw["seed"] = seed
@@ -214,11 +225,17 @@ def target_config(name: str, seed: int, quick: bool, fidelity: str | None = None
     kind = _target_kind(name)
     check_int(seed, "seed", minimum=0)
     fidelity = _resolve_fidelity(name, fidelity)
-    if fidelity == "reference":
-        reference_overrides(name)  # raises for a setting that is not TMS
+    if fidelity == "reference" and kind == "gated_trig":
+        raise ValueError("fidelity='reference' is defined for the TMS and residual-MLP targets only, got setting "
+                         f"{name!r}")
     if kind == "tms":
         schedule = "linear" if fidelity == "reference" else "constant"
         return asdict(replace(TMS_PRESETS[name], seed=int(seed), lr_schedule=schedule))
+    if kind == "resid_mlp" and fidelity == "reference":
+        kw = dict(REFERENCE_TARGET[name])
+        if quick and kw["steps"] * kw["batch_size"] > QUICK_TARGET[name]["steps"] * QUICK_TARGET[name]["batch_size"]:
+            kw.update(QUICK_TARGET[name])
+        return asdict(replace(RESID_PRESETS[name], seed=int(seed), **kw))
     if kind == "resid_mlp":
         return asdict(replace(RESID_PRESETS[name], seed=int(seed), **(QUICK_TARGET[name] if quick else {})))
     return {**_GATED_TARGET, "seed": int(seed)}
@@ -228,15 +245,16 @@ def _target_arch(kind: str, cfg: dict) -> dict:
     """The ``arch`` :func:`mlpinterp.toys.save_toy` records for a target trained with ``cfg``."""
     if kind == "tms":
         return {"n_features": cfg["n_features"], "d_hidden": cfg["d_hidden"]}
-    if kind == "resid_mlp":
-        return {k: cfg[k] for k in ("n_features", "d_embed", "d_mlp", "n_layers")}
+    if kind == "resid_mlp":  # "bias" recorded only for bias-free MLPs (mlpinterp.toys.io)
+        return {**{k: cfg[k] for k in ("n_features", "d_embed", "d_mlp", "n_layers")},
+                **({} if cfg.get("bias", True) else {"bias": False})}
     return {"d_resid": cfg["n_functions"] + 2, "n_layers": cfg["n_layers"], "n_functions": cfg["n_functions"],
             "d_mlp": cfg["n_functions"] * cfg["neurons_per_function"] // cfg["n_layers"]}
 
 
 #: Per target kind, the training-configuration fields added after targets were first saved with their configuration,
-#: with the behaviour before each (``config_diff``'s ``implicit``); resid-MLP and gated-trig have gained none.
-_TARGET_ADDED_FIELDS = {"tms": TMS_ADDED_FIELDS}
+#: with the behaviour before each (``config_diff``'s ``implicit``); gated-trig has gained none.
+_TARGET_ADDED_FIELDS = {"tms": TMS_ADDED_FIELDS, "resid_mlp": RESID_ADDED_FIELDS}
 
 
 def _saved_config(kind: str, meta: dict) -> dict | None:
@@ -263,11 +281,11 @@ def _which_target(kind: str, cfg: dict) -> str | None:
     for name in TARGET_SETTINGS:
         if _target_kind(name) != kind:
             continue
-        for fid in (("ours", "reference") if name in TMS_PRESETS else ("ours",)):
+        for fid in (("ours",) if kind == "gated_trig" else FIDELITIES):
             for quick in ((False, True) if QUICK_TARGET.get(name) else (False,)):
                 if target_config(name, seed, quick, fid) == cfg:
                     return (f"setting {name!r}, seed {seed}" + (", --quick" if quick else "")
-                            + (f", fidelity {fid!r}" if name in TMS_PRESETS else ""))
+                            + (f", fidelity {fid!r}" if kind != "gated_trig" else ""))
     return None
 
 
@@ -300,7 +318,7 @@ def check_target(name: str, seed: int, path: str | os.PathLike, quick: bool, fid
     meta = read_json(meta_path, what="target metadata")
     fidelity = _resolve_fidelity(name, fidelity)
     run = (f"setting {name!r}, seed {seed}, {'--quick' if quick else 'paper'} preset"
-           + (f", fidelity {fidelity!r}" if kind == "tms" else ""))
+           + (f", fidelity {fidelity!r}" if kind != "gated_trig" else ""))
     fix = "use another out directory (--out) for this run, or delete the target's two files to train it afresh"
     if meta.get("kind") != kind:
         raise ValueError(f"target {str(path)!r} holds a {meta.get('kind')!r} network, but {run} needs a {kind!r} "
@@ -481,7 +499,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
 
     ``overrides`` replaces APDConfig fields of the preset; ``n_eval`` is the number of held-out evaluation samples;
     ``device`` is where the decomposition trains (evaluation runs on the CPU); ``fidelity="reference"`` runs TMS the
-    APD reference implementation's way (:func:`reference_overrides` and the reference's target recipe), ``"ours"``
+    APD reference implementation's way (:func:`reference_overrides` and the reference's target recipe) and the
+    residual MLPs on the reference's targets (:data:`REFERENCE_TARGET`: no biases), ``"ours"``
     our presets, ``None`` the setting's default (:data:`DEFAULT_FIDELITY`: ``reference`` for TMS 40-10).
 
     Returns the ``metrics.json`` content. Re-running resumes unfinished decompositions from their checkpoints.
@@ -498,7 +517,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     fidelity = _resolve_fidelity(setting, fidelity)
     if fidelity == "reference":
-        reference_overrides(setting)  # raises for a setting that is not TMS
+        target_config(setting, 0, quick, fidelity)  # raises for a setting without a reference recipe (gated-trig)
     # everything that can be refused is refused before minutes of target training
     cfg0 = apd_config(setting, quick, 0, fidelity, **(overrides or {}))
     if device is not None:

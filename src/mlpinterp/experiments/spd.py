@@ -25,7 +25,7 @@ from torch import nn
 
 from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
+from mlpinterp.experiments.apd import FIDELITIES, check_target, get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.spd import (
@@ -176,19 +176,27 @@ def spd_config(name: str, quick: bool, seed: int, recipe: str = "paper", **overr
     return with_overrides(PRESETS[name], **kw)
 
 
-def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool) -> tuple[nn.Module, nn.Module, dict]:
-    """``(toy, decomposed form, info)``: APD's target of the base setting (trained or loaded at ``path``), with the
-    identity inserted for the ``-id`` settings; TMS as its ``nn.Linear`` form.
+def target_fidelity(name: str) -> str:
+    """The APD target recipe (``fidelity``) whose targets are the SPD reference's for setting ``name``: ``"ours"``
+    for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
+    linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
+    :data:`mlpinterp.experiments.apd.REFERENCE_TARGET`; until 2026-12-04 SPD decomposed the biased targets of
+    ``"ours"``, on which resid-MLP-1's ``W_out`` splits, docs/spd.md)."""
+    return "ours" if name.startswith("tms") else "reference"
 
-    TMS targets are trained with our recipe (``fidelity="ours"``: lr 5e-3, constant), which is also the SPD
-    reference's, whatever APD's default for the setting is (TMS 40-10's APD default trains with linear decay).
+
+def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool, fidelity: str | None = None
+               ) -> tuple[nn.Module, nn.Module, dict]:
+    """``(toy, decomposed form, info)``: APD's target of the base setting at ``fidelity`` (``None``:
+    :func:`target_fidelity`), trained or loaded at ``path``, with the identity inserted for the ``-id`` settings;
+    TMS as its ``nn.Linear`` form.
 
     Raises ``ValueError`` as :func:`mlpinterp.experiments.apd.get_target`: when the target saved at ``path`` was made
     with another recipe than the base setting's at ``seed`` (another setting, seed, ``quick`` recipe or lr schedule;
     the "-id" settings share their base setting's target) or records none."""
     base = name.removesuffix("-id")
     # the base TMS is saved; "+ID" inserts I on loading
-    toy, info = get_target(base, seed, path, quick, quiet, fidelity="ours")
+    toy, info = get_target(base, seed, path, quick, quiet, fidelity=fidelity or target_fidelity(base))
     if name.endswith("-id") and toy.identity is None:
         toy = with_identity(toy)
     return toy, (as_linears(toy) if base.startswith("tms") else toy), info
@@ -277,12 +285,14 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
 # ---------------------------------------------------------------------------------------------- reproduce
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
               overrides: dict | None = None, n_eval: int = 4000, device: str | None = None,
-              apd_run: str | Path | None = None, recipe: str = "paper") -> dict:
+              apd_run: str | Path | None = None, recipe: str = "paper", fidelity: str | None = None) -> dict:
     """Train (or load) targets, decompose with SPD for ``seeds`` seeds, evaluate, write ``metrics.json``,
     ``report.md`` and ``report.html``. Re-running resumes unfinished decompositions from their checkpoints.
 
     ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
     MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
+    ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
+    :func:`target_fidelity`; ``"ours"`` reproduces our residual-MLP runs of before 2026-12-04, with biases).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides, an unavailable device, an
     ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target in ``out``
@@ -293,16 +303,19 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
     cfg0 = spd_config(setting, quick, 0, recipe, **(overrides or {}))
+    fid = fidelity or target_fidelity(setting)
+    if fid not in FIDELITIES:
+        raise ValueError(f"fidelity (of the targets) must be one of {FIDELITIES} or None, got {fidelity!r}")
     if device is not None:
         check_device(device)
     out = check_out_dir(out, "spd")
     apd = read_apd_run(apd_run, setting, out) if apd_run is not None else None  # fail before hours of training
     for seed in range(seeds):  # so are targets of another recipe
-        check_target(setting.removesuffix("-id"), seed, out / f"seed{seed}" / "target.safetensors", quick, "ours")
+        check_target(setting.removesuffix("-id"), seed, out / f"seed{seed}" / "target.safetensors", quick, fid)
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
-        toy, model, info = spd_target(setting, seed, sd / "target.safetensors", quick, quiet)
+        toy, model, info = spd_target(setting, seed, sd / "target.safetensors", quick, quiet, fid)
         if apd is not None:
             check_same_target(apd, out, seed)  # before this seed's decomposition, not after all of them
         model.requires_grad_(False)
@@ -321,7 +334,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         m.update(seed=seed, seconds=res.seconds, final=res.history[-1] if res.history else {},
                  target_loss=info.get("loss"))
         per_seed.append(m)
-    result = {"method": "spd", "setting": setting, "quick": quick, "recipe": recipe,
+    result = {"method": "spd", "setting": setting, "quick": quick, "recipe": recipe, "target_fidelity": fid,
               "overrides": recipe_overrides(spd_config(setting, quick, 0, recipe), overrides), "seeds": seeds,
               "config": asdict(cfg0), "per_seed": per_seed,
               "device": device or "cpu", "threads": torch.get_num_threads(),
@@ -475,7 +488,9 @@ def render_report(result: dict) -> str:
              f"Bushnaq, Braun, Sharkey (2025), *Stochastic Parameter Decomposition*. Seeds: n = {n}; device "
              f"{result['device']}; torch threads {result['threads']}; 1/5/15-min load average at the end "
              f"{result.get('load_average')}. Targets are the APD targets of the same seeds (same networks for both "
-             "methods).", ""]
+             f"methods), target recipe (fidelity) \"{result.get('target_fidelity', 'ours')}\""
+             + (" (the SPD reference's residual MLPs: no biases, 1k steps; 10k for resid-MLP-3)"
+                if result.get("target_fidelity") == "reference" and not setting.startswith("tms") else "") + ".", ""]
     cfg = result["config"]
     tied = "; ".join(f"{b} = {a}ᵀ" for a, b in cfg.get("tied", ()))
     lines += [f"Subcomponents: C = {cfg['C']} per site, initialisation \"{cfg.get('init')}\""

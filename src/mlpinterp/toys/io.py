@@ -27,9 +27,9 @@ def _arch(model: nn.Module) -> dict:
     if kind == "tms":
         return {"n_features": model.n_features, "d_hidden": model.d_hidden,
                 **({"identity": True} if model.identity is not None else {})}
-    if kind == "resid_mlp":
+    if kind == "resid_mlp":  # "bias" only when False: biased targets keep the metadata of earlier versions
         return {"n_features": model.n_features, "d_embed": model.d_embed, "d_mlp": model.d_mlp,
-                "n_layers": model.n_layers}
+                "n_layers": model.n_layers, **({} if model.bias else {"bias": False})}
     return {"d_resid": model.d_resid, "d_mlp": model.d_mlp, "n_layers": model.n_layers,
             "n_functions": model.n_functions}
 
@@ -57,7 +57,7 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     from mlpinterp.toys.tms import TMS
 
     tensors, meta = load_tensors(path, what="model")
-    identity = False
+    identity, bias = False, True
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
     if "kind" not in meta or "arch" not in meta:
@@ -69,6 +69,12 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
         if kind == "tms" and isinstance(arch, dict) and arch.get("identity") is True:
             arch = {k: v for k, v in arch.items() if k != "identity"}
             identity = True
+        if kind == "resid_mlp" and isinstance(arch, dict) and "bias" in arch:  # recorded only for bias-free MLPs
+            if arch["bias"] is not False:
+                raise ValueError(f"metadata 'arch' of {str(path)!r}: 'bias' is recorded only as false (MLPs without "
+                                 f"biases), got {arch['bias']!r}")
+            arch = {k: v for k, v in arch.items() if k != "bias"}
+            bias = False
         if not isinstance(arch, dict) or set(arch) != keys[kind]:
             got = sorted(arch) if isinstance(arch, dict) else type(arch).__name__
             raise ValueError(f"metadata 'arch' of {str(path)!r} must be an object with keys {sorted(keys[kind])} for "
@@ -84,7 +90,7 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     elif kind == "resid_mlp":
         if "W_E" not in tensors:
             raise ValueError(f"checkpoint {str(path)!r} lacks the embedding 'W_E'")
-        model = ResidualMLP(W_E=tensors["W_E"], **arch)
+        model = ResidualMLP(W_E=tensors["W_E"], bias=bias, **arch)
     elif kind == "gated_trig":
         model = GatedTrigMLP(**arch)
     else:

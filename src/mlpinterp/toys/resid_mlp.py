@@ -2,10 +2,10 @@
 
 ``n_features`` inputs ``x_i ~ U[-1, 1]`` (active with probability 0.01) are embedded by a fixed random matrix
 ``W_E``: ``[n_features, d_embed]`` with unit-norm rows, pass through ``n_layers`` residual MLP blocks
-``r <- r + W_out ReLU(W_in r + b_in) + b_out`` and are read out by ``W_U = W_E^T``. Labels:
-``y_i = x_i + ReLU(x_i)``. Paper sizes: 100 features, ``d_embed = 1000``, 50 neurons in one layer (resid-mlp-1)
-or 25 per layer in two layers (resid-mlp-2). Training: AdamW, weight decay 0.01, learning rate 3e-3 with
-cosine decay, batch 2048.
+``r <- r + W_out ReLU(W_in r + b_in) + b_out`` (``bias=False``: without ``b_in``, ``b_out``, as the APD/SPD
+reference implementation's targets) and are read out by ``W_U = W_E^T``. Labels: ``y_i = x_i + ReLU(x_i)``. Paper
+sizes: 100 features, ``d_embed = 1000``, 50 neurons in one layer (resid-mlp-1) or 25 per layer in two layers
+(resid-mlp-2). Training: AdamW, weight decay 0.01, learning rate 3e-3 with cosine decay, batch 2048.
 
 Module names (the decomposition targets): ``layers.{i}.mlp_in`` (``[d_mlp, d_embed]``),
 ``layers.{i}.mlp_out`` (``[d_embed, d_mlp]``); the post-ReLU activation is the output of ``layers.{i}.act``.
@@ -25,13 +25,14 @@ from mlpinterp.utils.validation import check_int, check_real
 
 
 class MLPBlock(nn.Module):
-    """``r -> W_out ReLU(W_in r + b_in) + b_out`` with ``nn.Linear`` layers ``mlp_in`` and ``mlp_out``."""
+    """``r -> W_out ReLU(W_in r + b_in) + b_out`` with ``nn.Linear`` layers ``mlp_in`` and ``mlp_out`` (no ``b_in``,
+    ``b_out`` when ``bias`` is False)."""
 
-    def __init__(self, d_embed: int, d_mlp: int):
+    def __init__(self, d_embed: int, d_mlp: int, bias: bool = True):
         super().__init__()
-        self.mlp_in = nn.Linear(d_embed, d_mlp)
+        self.mlp_in = nn.Linear(d_embed, d_mlp, bias=bias)
         self.act = nn.ReLU()
-        self.mlp_out = nn.Linear(d_mlp, d_embed)
+        self.mlp_out = nn.Linear(d_mlp, d_embed, bias=bias)
 
     def forward(self, r: torch.Tensor) -> torch.Tensor:
         return self.mlp_out(self.act(self.mlp_in(r)))
@@ -50,8 +51,11 @@ class ResidualMLP(nn.Module):
     ``forward``: ``[..., n_features] -> [..., n_features]``.
     """
 
-    def __init__(self, n_features: int, d_embed: int, d_mlp: int, n_layers: int, W_E: torch.Tensor):
+    def __init__(self, n_features: int, d_embed: int, d_mlp: int, n_layers: int, W_E: torch.Tensor,
+                 bias: bool = True):
         super().__init__()
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {bias!r}")
         for name, v in (("n_features", n_features), ("d_embed", d_embed), ("d_mlp", d_mlp), ("n_layers", n_layers)):
             check_int(v, name)
         if not isinstance(W_E, torch.Tensor) or not W_E.is_floating_point():
@@ -62,8 +66,9 @@ class ResidualMLP(nn.Module):
         if W_E.shape != (n_features, d_embed):
             raise ValueError(f"W_E must have shape [{n_features}, {d_embed}], got {list(W_E.shape)}")
         self.n_features, self.d_embed, self.d_mlp, self.n_layers = n_features, d_embed, d_mlp, n_layers
+        self.bias = bias
         self.register_buffer("W_E", W_E.clone())
-        self.layers = nn.ModuleList([MLPBlock(d_embed, d_mlp) for _ in range(n_layers)])
+        self.layers = nn.ModuleList([MLPBlock(d_embed, d_mlp, bias) for _ in range(n_layers)])
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., n_features] -> [..., d_embed]``: the residual stream before the first block."""
@@ -124,6 +129,9 @@ def neuron_contributions(model: ResidualMLP, weights: dict[str, torch.Tensor] | 
     return torch.cat(out, dim=1)
 
 
+RESID_LR_SCHEDULES = ("cosine", "quarter_cosine")
+
+
 @dataclass(frozen=True)
 class ResidMLPConfig:
     """Training recipe for a residual-MLP target (APD paper App. D.2)."""
@@ -146,6 +154,11 @@ class ResidMLPConfig:
     """Peak AdamW learning rate (cosine decay to 0)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    lr_schedule: str = "cosine"
+    """"cosine" (``lr (1 + cos(pi t / T)) / 2``) or "quarter_cosine" (``lr cos(pi/2 t / (T - 1))``, the APD/SPD
+    reference's target training)."""
+    bias: bool = True
+    """Biases ``b_in``, ``b_out`` in the MLPs (the reference's targets have none)."""
     seed: int = 0
     """Seed for the embedding, the initialisation and the data."""
 
@@ -156,7 +169,15 @@ class ResidMLPConfig:
         check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
         check_real(self.lr, "lr", 0.0, lo_open=True)
         check_real(self.weight_decay, "weight_decay", 0.0)
+        if self.lr_schedule not in RESID_LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {RESID_LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if not isinstance(self.bias, bool):
+            raise TypeError(f"bias must be a bool, got {self.bias!r}")
 
+
+#: ResidMLPConfig fields added after targets were first saved with their configuration, with the behaviour before
+#: each (``config_diff``'s ``implicit``): biases, the half-period cosine. Add a field here when it is added.
+ADDED_FIELDS = {"lr_schedule": "cosine", "bias": True}
 
 RESID_PRESETS: dict[str, ResidMLPConfig] = {
     "resid-mlp-1": ResidMLPConfig(d_mlp=50, n_layers=1),
@@ -172,7 +193,13 @@ def build_resid_mlp(cfg: ResidMLPConfig) -> ResidualMLP:
         raise TypeError(f"cfg must be a ResidMLPConfig, got {type(cfg).__name__}")
     torch.manual_seed(cfg.seed)
     W_E = random_embedding(cfg.n_features, cfg.d_embed, cfg.seed)
-    return ResidualMLP(cfg.n_features, cfg.d_embed, cfg.d_mlp, cfg.n_layers, W_E)
+    return ResidualMLP(cfg.n_features, cfg.d_embed, cfg.d_mlp, cfg.n_layers, W_E, bias=cfg.bias)
+
+
+def _target_lr(cfg: ResidMLPConfig, step: int) -> float:
+    if cfg.lr_schedule == "quarter_cosine":
+        return cfg.lr * (1.0 if cfg.steps == 1 else math.cos(0.5 * math.pi * step / (cfg.steps - 1)))
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
 
 
 def train_resid_mlp(cfg: ResidMLPConfig, quiet: bool = False) -> tuple[ResidualMLP, dict]:
@@ -185,7 +212,7 @@ def train_resid_mlp(cfg: ResidMLPConfig, quiet: bool = False) -> tuple[ResidualM
     with progress_bar(cfg.steps, desc="train resid-MLP", quiet=quiet) as bar:
         for step in range(cfg.steps):
             for group in opt.param_groups:
-                group["lr"] = cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
+                group["lr"] = _target_lr(cfg, step)
             x = sparse_features(cfg.batch_size, cfg.n_features, cfg.feature_probability, (-1.0, 1.0),
                                 generator=step_generator(cfg.seed, step))
             loss = ((model(x) - resid_labels(x)) ** 2).mean()
