@@ -95,20 +95,27 @@ def test_perplexity_is_exp_of_a_hand_computed_mean_cross_entropy(tmp_path, text_
     assert m["held_out"]["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-6)
 
 
-def test_resume_after_interruption_is_bit_identical(tmp_path, text_dir, monkeypatch):
-    cfg = LmTrainConfig(**{**TINY, "dropout": 0.1})  # dropout: the torch RNG state must be restored too
-    ref = train_lm(cfg, tmp_path / "ref", text_dir=text_dir, quiet=True)
+def _interrupt_after(n: int, cfg, out, text_dir, monkeypatch):
+    """Run ``train_lm(cfg, out)`` and stop it by a KeyboardInterrupt before its step ``n + 1``; ``_step`` stays
+    patched to count calls (``calls``, cleared by the caller as needed). Returns ``(the real _step, calls)``."""
     real_step, calls = lm_train._step, []
 
-    def interrupted(*args):
-        if len(calls) == 5:
+    def counted(*args):
+        if len(calls) == n:
             raise KeyboardInterrupt
         calls.append(1)
         return real_step(*args)
 
-    monkeypatch.setattr(lm_train, "_step", interrupted)
+    monkeypatch.setattr(lm_train, "_step", counted)
     with pytest.raises(KeyboardInterrupt):
-        train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)
+        train_lm(cfg, out, text_dir=text_dir, quiet=True)
+    return real_step, calls
+
+
+def test_resume_after_interruption_is_bit_identical(tmp_path, text_dir, monkeypatch):
+    cfg = LmTrainConfig(**{**TINY, "dropout": 0.1})  # dropout: the torch RNG state must be restored too
+    ref = train_lm(cfg, tmp_path / "ref", text_dir=text_dir, quiet=True)
+    real_step, _ = _interrupt_after(5, cfg, tmp_path / "run", text_dir, monkeypatch)
     _, meta = load_tensors(tmp_path / "run" / "checkpoint" / "train_state")
     assert meta["step"] == 4 and not (tmp_path / "run" / "metrics.json").exists()
     monkeypatch.setattr(lm_train, "_step", real_step)
@@ -129,17 +136,7 @@ def test_checkpoint_of_an_earlier_version_resumes_with_the_behaviour_of_that_tim
 
     monkeypatch.setitem(ADDED_FIELDS, "grad_clip", 0.5)
     cfg = LmTrainConfig(**{**TINY, "grad_clip": 0.5})
-    real_step, calls = lm_train._step, []
-
-    def counted(*args):
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        calls.append(1)
-        return real_step(*args)
-
-    monkeypatch.setattr(lm_train, "_step", counted)
-    with pytest.raises(KeyboardInterrupt):
-        train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)
+    _, calls = _interrupt_after(4, cfg, tmp_path / "run", text_dir, monkeypatch)
     meta_path = tmp_path / "run" / "checkpoint" / "train_state.json"
     meta = json.loads(meta_path.read_text())
     del meta["config"]["grad_clip"]  # as an earlier version wrote it

@@ -63,9 +63,9 @@ APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, pa
                          "preset; not reproduced); --fidelity reference (APD's default for this setting, its own "
                          "targets): MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 (n = 3; best of 3 0.997 / 0.935)",
             "resid-mlp-1": "100 distinct responsible components of 130; scrubbed MSE 6.9e-4, anti-scrubbed 2.3e-3 "
-                           "(n = 1, quick preset)",
+                           "(n = 1, quick preset; on our targets with biases, not the reference's bias-free ones)",
             "resid-mlp-2": "fails at the quick budget: 165 of 200 components dead, scrubbed ≈ anti-scrubbed "
-                           "(n = 1, quick preset)"}
+                           "(n = 1, quick preset; on our targets with biases)"}
 APD_PAPER = {"tms-5-2": "MMCS 0.998 ± 0.000, ML2R 0.893 ± 0.004", "tms-40-10": "MMCS 0.996 ± 0.003, ML2R 0.935 ± 0.001"}
 
 # TMS as the SPD reference decomposes it: linear2's subcomponents are linear1's transposed (tied), each site with its

@@ -30,16 +30,22 @@ from mlpinterp.utils.validation import check_real
 __all__ = ["faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss", "stochastic_recon_loss"]
 
 
-def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -> None:
-    if not isinstance(masks, Mapping):
-        raise TypeError(f"masks must be a mapping site name -> [batch, C] tensor, got {type(masks).__name__}")
+def _check_per_site(comps: Components, values: Mapping[str, torch.Tensor], what: str, kind: str,
+                    shape: tuple[int, ...], shape_text: str) -> None:
+    """``values``: a mapping with one tensor of ``shape`` per site of ``comps`` (errors name ``what``)."""
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{what} must be a mapping site name -> {kind} tensor, got {type(values).__name__}")
     names = [s.name for s in comps.sites]
-    if sorted(masks) != sorted(names):
-        raise ValueError(f"masks must have one entry per site {names}, got {sorted(masks)}")
-    for k, m in masks.items():
-        if not isinstance(m, torch.Tensor) or tuple(m.shape) != (n, comps.C):
-            got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
-            raise ValueError(f"masks[{k!r}] must have shape [batch={n}, C={comps.C}], got {got}")
+    if sorted(values) != sorted(names):
+        raise ValueError(f"{what} must have one entry per site {names}, got {sorted(values)}")
+    for k, v in values.items():
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != shape:
+            got = list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{what}[{k!r}] must have shape {shape_text}, got {got}")
+
+
+def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -> None:
+    _check_per_site(comps, masks, "masks", "[batch, C]", (n, comps.C), f"[batch={n}, C={comps.C}]")
 
 
 def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n: int,
@@ -48,15 +54,8 @@ def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n:
     its masks' dtype (errors name ``delta``, not the ``base``/``coef`` it becomes in ``run_with_components``)."""
     if delta is None:
         return
-    if not isinstance(delta, Mapping):
-        raise TypeError(f"delta must be a mapping site name -> [batch] mask tensor, got {type(delta).__name__}")
-    names = [s.name for s in comps.sites]
-    if sorted(delta) != sorted(names):
-        raise ValueError(f"delta must have one entry per site {names}, got {sorted(delta)}")
+    _check_per_site(comps, delta, "delta", "[batch] mask", (n,), f"[batch={n}]")
     for k, r in delta.items():
-        if not isinstance(r, torch.Tensor) or tuple(r.shape) != (n,):
-            got = list(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
-            raise ValueError(f"delta[{k!r}] must have shape [batch={n}], got {got}")
         if not r.is_floating_point():
             raise ValueError(f"delta[{k!r}] must be a floating-point tensor, got {r.dtype}")
         if r.dtype != masks[k].dtype:
