@@ -224,3 +224,23 @@ def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target)
                                   "--recipe", "current", "--quick", "--quiet"])
     assert r2.exit_code == 1 and "not available for resid-mlp-2" in r2.output and "Traceback" not in r2.output
     assert not (tmp_path / "r2").exists()
+
+
+def test_resid_goal_on_hand_metrics():
+    """The residual-MLP verdict: W_in one distinct monosemantic subcomponent per feature, W_out d_mlp ± 20 % used as
+    one group (co-activity ≥ 0.25: the paper's Fig. 8 has 0.51), anti-scrubbed ≥ 3x scrubbed. Metrics shaped like
+    our runs: the reference's bias-free target passes, the biased target's per-feature-ish W_out does not."""
+    from mlpinterp.experiments.spd import resid_goal
+
+    def m(used, frac, w_in=100, anti=2e-3):
+        return {"features_with_one_subcomponent": {"l.mlp_in": w_in}, "features_one_distinct": {"l.mlp_in": w_in},
+                "features_monosemantic": w_in, "mlp_out_one_hot": {"l.mlp_out": {"used": used, "always": 0,
+                                                                                   "fraction": frac}},
+                "d_mlp": 50, "scrubbed_mse": 1.2e-5, "anti_scrubbed_mse": anti}
+
+    assert resid_goal(m(53, 0.44), 100)  # bias-free target, quick preset
+    assert resid_goal(m(50, 0.51), 100)  # the paper's Fig. 8, read off the figure
+    assert not resid_goal(m(86, 0.32), 100)  # biased target: too many used
+    assert not resid_goal(m(50, 0.02), 100)  # one per feature
+    assert not resid_goal(m(53, 0.44, w_in=96), 100)
+    assert not resid_goal(m(53, 0.44, anti=3e-5), 100)

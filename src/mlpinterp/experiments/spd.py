@@ -135,16 +135,19 @@ _NO_CURRENT = {"resid-mlp-2": "the reference's current resid-MLP-2 recipe uses a
 
 _DMLP_BAND = 0.2
 """W_out counts as "about d_mlp" subcomponents when it uses between (1 - this) and (1 + this) times d_mlp."""
-_COACTIVE = 0.9
-"""W_out counts as "always co-active" when its used subcomponents are important, on average, for this share of the
-one-hot inputs or more."""
+_COACTIVE = 0.25
+"""W_out counts as one co-active group (not split per feature) when its used subcomponents are important, on
+average, for this share of the one-hot inputs or more. The paper's text says they "always co-activate"; its Fig. 8
+(beta = 1e-5, "BEST"), read off the figure cell by cell, has 50 used subcomponents each important for 42-72 % of the
+features (mean 0.51), none for all; a per-feature split (its beta too high) is near 1 / n_features. Until
+2026-12-04 this bar was 0.9 (a literal reading of "always")."""
 
 
 def resid_goal(m: dict, n_features: int) -> bool:
     """Issue 10's residual-MLP goal on one seed's metrics ``m`` (from :func:`evaluate`): on every W_in site each of
     the ``n_features`` features has exactly one important subcomponent, the owners are distinct and important for
     their feature alone; the W_out sites together use ``d_mlp`` (± ``_DMLP_BAND``) subcomponents with co-activity
-    ``>= _COACTIVE`` each; anti-scrubbed MSE ``>= 3`` × scrubbed MSE."""
+    ``>= _COACTIVE`` each (one group, as the paper's Fig. 8); anti-scrubbed MSE ``>= 3`` × scrubbed MSE."""
     w_in = all(v == n_features for v in m["features_with_one_subcomponent"].values()) and all(
         v == n_features for v in m["features_one_distinct"].values()) and m["features_monosemantic"] == n_features
     outs = m["mlp_out_one_hot"].values()
@@ -562,11 +565,12 @@ def render_report(result: dict) -> str:
                   f"paper's), a subcomponent counting as important above {ALIVE_THRESHOLD}. Identity- and "
                   "dense-pattern errors are the reference implementation's target-pattern distances (0 = the "
                   "pattern exactly; the identity one also asks the matched importance to be ≥ 0.9). W_out "
-                  "co-activity: the mean share of features each used subcomponent is important for (1 = one "
-                  "always-active group, as the paper finds).", "",
+                  "co-activity: the mean share of features each used subcomponent is important for (1 = every one "
+                  "important for every feature; about 1 / n_features = split per feature; the SPD paper's Fig. 8 at "
+                  "β 1e-5, read off the figure: 50 used, 0.51, none always active).", "",
                   "Scrubbing ablates half of the W_in subcomponents of each layer (those responsible for none of the "
                   "sample's features, or the responsible ones first); W_out keeps all its subcomponents (SPD finds "
-                  "it one always-active group).", ""]
+                  "it one co-active group).", ""]
     lines += ["## Figures", ""]
     for m in per:
         sd = f"seed{m['seed']}"
