@@ -13,7 +13,7 @@ from mlpinterp.cli.errors import expected_errors, fail
 from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
-from mlpinterp.utils.validation import Implicit
+from mlpinterp.utils.validation import saved_value
 
 
 class DatasetName(StrEnum):
@@ -64,7 +64,7 @@ def _conflict_fix(e, out: Path) -> str:
     was written before has the value of that time."""
     opts, other = [], []
     for k, (saved, _) in sorted(e.diff.items()):
-        saved = saved.value if isinstance(saved, Implicit) else saved
+        saved = saved_value(saved)
         flag = _FLAGS.get(k)
         if flag is None:
             other.append(f"{k}={saved!r}")

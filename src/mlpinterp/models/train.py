@@ -40,7 +40,7 @@ from mlpinterp.models.config import ADDED_FIELDS
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import load_tensors, save_tensors
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.validation import Implicit, config_diff, describe_diff
+from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
 CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
 """``format`` field of checkpoint metadata."""
@@ -181,7 +181,7 @@ class RunConflictError(ValueError):
     def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple], fix: str | None = None):
         self.out_dir, self.diff = Path(out_dir), dict(diff)
         what = "; ".join(describe_diff(self.diff))
-        saved = ", ".join(f"{k}={a.value if isinstance(a, Implicit) else a!r}" for k, (a, _) in self.diff.items())
+        saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in self.diff.items())
         self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
                            f"output directory or delete {str(self.out_dir)!r}")
         self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"

@@ -190,6 +190,11 @@ class Implicit:
         return f"absent (written before the field existed: {self.value!r})"
 
 
+def saved_value(v):
+    """The value a saved side of a :func:`config_diff` entry stands for: an :class:`Implicit`'s value, else ``v``."""
+    return v.value if isinstance(v, Implicit) else v
+
+
 def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping | None = None) -> dict[str, tuple]:
     """``{field: (saved value, requested value)}`` for every field of either mapping, except those in ``ignore``,
     whose values differ, in the order of ``requested`` then the fields only ``saved`` has; a field one side lacks
@@ -214,8 +219,7 @@ def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping
         a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
         if a is ABSENT and key in earlier:
             a = Implicit(earlier[key])
-        a_value = a.value if isinstance(a, Implicit) else a
-        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(a_value) != _json_form(b)):
+        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(saved_value(a)) != _json_form(b)):
             out[key] = (a, b)
     return out
 
