@@ -44,6 +44,7 @@ from mlpinterp.utils.checkpoint import (
     save_training_state,
 )
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.schedules import quarter_cosine
 from mlpinterp.utils.validation import check_batch_tensor
 
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
@@ -201,7 +202,7 @@ def lr_at(step: int, cfg: APDConfig) -> float:
     if cfg.lr_schedule == "constant":
         return cfg.lr
     if cfg.lr_schedule == "quarter_cosine":
-        return cfg.lr * math.cos(0.5 * math.pi * (step - warm) / max(1, cfg.steps - warm - 1))
+        return cfg.lr * quarter_cosine(step - warm, cfg.steps - warm)
     frac = (step - warm) / max(1, cfg.steps - warm)
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from mlpinterp.toys.data import sparse_features, step_generator
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.schedules import quarter_cosine
 from mlpinterp.utils.validation import check_int, check_real
 
 
@@ -198,7 +199,7 @@ def build_resid_mlp(cfg: ResidMLPConfig) -> ResidualMLP:
 
 def _target_lr(cfg: ResidMLPConfig, step: int) -> float:
     if cfg.lr_schedule == "quarter_cosine":
-        return cfg.lr * (1.0 if cfg.steps == 1 else math.cos(0.5 * math.pi * step / (cfg.steps - 1)))
+        return cfg.lr * quarter_cosine(step, cfg.steps)
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
 
 
