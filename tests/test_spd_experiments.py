@@ -118,6 +118,13 @@ def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):
         raise AssertionError("biased target accepted")
     except ValueError as e:
         assert "bias: saved True, requested False" in str(e) and "fidelity 'ours'" in str(e), str(e)
+    for bad in ("exact", ""):  # an unknown target recipe is refused before anything is written
+        try:
+            reproduce("resid-mlp-1", 1, tmp_path / "bad", quick=True, quiet=True, fidelity=bad)
+            raise AssertionError(f"fidelity {bad!r} accepted")
+        except ValueError as e:
+            assert "fidelity must be one of ('ours', 'reference')" in str(e), str(e)
+        assert not (tmp_path / "bad").exists()
     out = reproduce("resid-mlp-1", 1, tmp_path / "old", quick=True, quiet=True, overrides={"steps": 3}, n_eval=400,
                     fidelity="ours")  # ... and decomposed as before when asked for
     assert out["target_fidelity"] == "ours"

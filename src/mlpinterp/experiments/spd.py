@@ -25,7 +25,7 @@ from torch import nn
 
 from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import FIDELITIES, check_target, get_target, paper_statistic, setting_spec
+from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.spd import (
@@ -199,7 +199,8 @@ def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool, fidel
     the "-id" settings share their base setting's target) or records none."""
     base = name.removesuffix("-id")
     # the base TMS is saved; "+ID" inserts I on loading
-    toy, info = get_target(base, seed, path, quick, quiet, fidelity=fidelity or target_fidelity(base))
+    toy, info = get_target(base, seed, path, quick, quiet,
+                           fidelity=target_fidelity(base) if fidelity is None else fidelity)
     if name.endswith("-id") and toy.identity is None:
         toy = with_identity(toy)
     return toy, (as_linears(toy) if base.startswith("tms") else toy), info
@@ -306,9 +307,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
     cfg0 = spd_config(setting, quick, 0, recipe, **(overrides or {}))
-    fid = fidelity or target_fidelity(setting)
-    if fid not in FIDELITIES:
-        raise ValueError(f"fidelity (of the targets) must be one of {FIDELITIES} or None, got {fidelity!r}")
+    fid = target_fidelity(setting) if fidelity is None else fidelity  # validated by check_target below
     if device is not None:
         check_device(device)
     out = check_out_dir(out, "spd")
