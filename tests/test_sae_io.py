@@ -118,6 +118,32 @@ def test_resuming_at_another_hook_point_is_an_error(tmp_path):
     assert TopKSae.load(tmp_path / "sae_0").hook_point == "encoder.layer.3.output"
 
 
+
+@pytest.mark.parametrize("field, before, other", [("init_b_dec_to_mean", False, True),
+                                                  ("normalize_activations", "none", "expected_average_only_in"),
+                                                  ("norm_batches", 10, 3)])
+def test_checkpoint_written_before_a_field_existed(tmp_path, field, before, other):
+    """A checkpoint that lacks a later MfrConfig field (ADDED_FIELDS) resumes when the request keeps the behaviour of
+    that time and is refused, naming the field, when it asks for another (before: any later field was ignored)."""
+    from mlpinterp.sae.mfr import ADDED_FIELDS
+    assert ADDED_FIELDS[field] == before
+    base = dict(sae=SaeConfig(d_sae=8, k=2), n_saes=1, penalty=False, reinit=False)
+    a = MfrTrainer(6, MfrConfig(**base, **{field: before}))
+    a.train_step(_x().float())
+    a.save_checkpoint(tmp_path)
+    meta_path = tmp_path / "trainer_rank0.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["cfg"][field]
+    meta_path.write_text(json.dumps(meta))
+    same = MfrTrainer(6, MfrConfig(**base, **{field: before}))
+    assert same.load_checkpoint(tmp_path) and same.step == 1
+    changed = MfrTrainer(6, MfrConfig(**base, **{field: other}))
+    with pytest.raises(ValueError, match=rf"{field}: absent \(written before the field existed: {before!r}\) "
+                                         rf"there, {other!r} here"):
+        changed.load_checkpoint(tmp_path)
+    assert changed.step == 0
+
+
 # ----------------------------------------------------------------------------- SAELens fields without SAELens
 def _saelens_cfg(tmp_path, **edit):
     """Write a SAELens-6 style directory by hand (no sae_lens needed), then edit its cfg.json."""

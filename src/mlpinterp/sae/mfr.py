@@ -38,7 +38,6 @@ Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`Distributed`:
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -57,6 +56,7 @@ from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+from mlpinterp.utils.validation import config_diff
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -137,6 +137,16 @@ def mfr_penalty(decoders: list[Tensor], matching: Literal["hungarian", "max"] = 
 
 
 # ----------------------------------------------------------------------------- config
+#: :class:`MfrConfig` fields (flattened, as in checkpoints) added after checkpoints first recorded the configuration
+#: (dfc8473), each with the behaviour of the code before it existed (not necessarily today's default): a checkpoint
+#: that lacks one resumes when the request keeps that behaviour, and is refused, naming it, when it asks for another.
+ADDED_FIELDS = {
+    "init_b_dec_to_mean": False,  # 927bb74: b_dec started at zero before
+    "normalize_activations": "none",  # a8ac49d, with norm_batches: inputs were never rescaled before
+    "norm_batches": 10,
+}
+
+
 @dataclass(frozen=True)
 class MfrConfig:
     """Training configuration of N TopK SAEs with (or without) Mutual Feature Regularization."""
@@ -622,11 +632,11 @@ class MfrTrainer:
             raise ValueError(f"{where} holds SAEs {meta.get('owned')}, this process owns {self.owned}")
         if meta.get("d_in", self.d_in) != self.d_in:
             raise ValueError(f"{where} holds SAEs with d_in={meta['d_in']}, these activations have d_in={self.d_in}")
-        have, want = _flat(meta.get("cfg", {})), _flat(json.loads(json.dumps(asdict(self.cfg))))
-        diff = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+        diff = config_diff(_flat(meta.get("cfg", {})), _flat(asdict(self.cfg)), implicit=ADDED_FIELDS)
         if diff:
             raise ValueError(f"{where} was trained with other settings (" + ", ".join(
-                f"{k}: {have[k]!r} there, {want[k]!r} here" for k in diff) + "); use another output directory")
+                f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+                + "); use another output directory")
         check_provenance(f"resuming {where}", recorded_model=meta.get("model_name"),
                          recorded_hook=meta.get("hook_point"), model_name=self.model_name,
                          hook_point=self.hook_point, allow_mismatch=allow_mismatch, override=override)
