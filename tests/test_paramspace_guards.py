@@ -147,3 +147,19 @@ def test_recipe_overrides_ignore_execution_fields_and_preset_values():
     assert recipe_overrides(preset, {"compile": False, "log_every": 7, "steps": preset.steps}) == {}
     assert recipe_overrides(preset, {"steps": 5, "lr": preset.lr}) == {"steps": 5}
     assert recipe_overrides(preset, None) == {}
+
+
+@pytest.mark.parametrize("quick", ["no", 1, None])
+def test_quick_must_be_a_bool(tmp_path, quick):
+    """``quick`` is refused unless a bool: a string such as "no" used to be truthy, so the quick preset (and a
+    --quick target recipe) was run and recorded as ``"quick": "no"`` without a word."""
+    from mlpinterp.experiments import apd, spd
+
+    for call in (lambda: spd.spd_config("tms-5-2", quick, 0), lambda: apd.apd_config("tms-5-2", quick, 0),
+                 lambda: apd.target_config("resid-mlp-1", 0, quick, "reference"),
+                 lambda: apd.check_target("tms-5-2", 0, tmp_path / "t", quick),
+                 lambda: spd.reproduce("tms-5-2", 1, tmp_path / "s", quick=quick),
+                 lambda: apd.reproduce("tms-5-2", 1, tmp_path / "a", quick=quick)):
+        with pytest.raises(TypeError, match=rf"quick must be True or False, got {type(quick).__name__} {quick!r}"):
+            call()
+    assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -58,7 +58,7 @@ from mlpinterp.toys import (
 from mlpinterp.toys.resid_mlp import ADDED_FIELDS as RESID_ADDED_FIELDS
 from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.utils.io import atomic_write_json, read_json, save_tensors, tensors_path
-from mlpinterp.utils.validation import check_device, check_int, config_differences
+from mlpinterp.utils.validation import check_bool, check_device, check_int, config_differences
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
 
@@ -181,7 +181,9 @@ def setting_spec(name: str) -> SettingSpec:
 
 def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, **overrides) -> APDConfig:
     """The APD configuration of ``name`` (paper or quick preset, ``fidelity`` ``"ours"`` or ``"reference"``; ``None``:
-    the setting's default, :func:`default_fidelity`) with ``seed`` and ``overrides`` applied."""
+    the setting's default, :func:`default_fidelity`) with ``seed`` and ``overrides`` applied; ``TypeError`` for a
+    ``quick`` that is not a bool."""
+    check_bool(quick, "quick")  # a string such as "no" would be truthy: the quick preset, silently
     if name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     fidelity = _resolve_fidelity(name, fidelity)
@@ -221,9 +223,11 @@ def target_config(name: str, seed: int, quick: bool, fidelity: str | None = None
     ``info["config"]``.
 
     Raises ``ValueError`` for a setting without a target (:data:`TARGET_SETTINGS`), a ``seed`` below 0, an unknown
-    ``fidelity`` or ``fidelity="reference"`` on a setting that is not TMS; ``TypeError`` for a non-int ``seed``."""
+    ``fidelity`` or ``fidelity="reference"`` on a setting that is not TMS; ``TypeError`` for a non-int ``seed`` or a
+    ``quick`` that is not a bool."""
     kind = _target_kind(name)
     check_int(seed, "seed", minimum=0)
+    check_bool(quick, "quick")
     fidelity = _resolve_fidelity(name, fidelity)
     if fidelity == "reference" and kind == "gated_trig":
         raise ValueError("fidelity='reference' is defined for the TMS and residual-MLP targets only, got setting "

@@ -44,7 +44,7 @@ from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
-from mlpinterp.utils.validation import check_device, check_int, check_real
+from mlpinterp.utils.validation import check_bool, check_device, check_int, check_real
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
 
@@ -165,7 +165,8 @@ def spd_config(name: str, quick: bool, seed: int, recipe: str = "paper", **overr
     TMS 5-2 with or without the identity, the learning rate 1e-2).
 
     Raises ``ValueError`` for an unknown setting or recipe, the current recipe of resid-MLP-2 (not implemented:
-    the message says why) or unknown override fields."""
+    the message says why) or unknown override fields; ``TypeError`` for a ``quick`` that is not a bool."""
+    check_bool(quick, "quick")  # a string such as "no" would be truthy: the quick preset, silently
     if name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     if recipe not in RECIPES:
