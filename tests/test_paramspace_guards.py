@@ -163,3 +163,17 @@ def test_quick_must_be_a_bool(tmp_path, quick):
         with pytest.raises(TypeError, match=rf"quick must be True or False, got {type(quick).__name__} {quick!r}"):
             call()
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.parametrize("seeds, error, message", [("3", TypeError, "seeds must be an int, got str '3'"),
+                                                   (True, TypeError, "seeds must be an int, got bool True"),
+                                                   (1.5, TypeError, "seeds must be an int, got float 1.5"),
+                                                   (0, ValueError, "seeds must be >= 1, got 0")])
+def test_apd_reproduce_seeds_must_be_an_int(tmp_path, seeds, error, message):
+    """``reproduce apd``'s seeds, as SPD's: before, "3" raised a bare "'<' not supported", 1.5 a range() error after
+    the checks, and True ran one seed."""
+    from mlpinterp.experiments.apd import reproduce
+
+    with pytest.raises(error, match=message):
+        reproduce("tms-5-2", seeds, tmp_path / "a", quick=True, quiet=True, overrides={"steps": 1})
+    assert not (tmp_path / "a").exists()
