@@ -144,6 +144,27 @@ def test_checkpoint_written_before_a_field_existed(tmp_path, field, before, othe
     assert changed.step == 0
 
 
+@pytest.mark.parametrize("edit, message", [(lambda m: m.update(cfg=[1, 2]), "'cfg' must be a JSON object"),
+                                           (lambda m: m.update(cfg="x"), "'cfg' must be a JSON object"),
+                                           (lambda m: m.pop("step"), r"metadata lacks \['step'\]")],
+                         ids=["cfg-list", "cfg-str", "no-step"])
+def test_checkpoint_with_malformed_metadata_is_refused(tmp_path, edit, message):
+    """A hand-edited or truncated trainer metadata is a ValueError naming the file, before anything changes (before:
+    AttributeError from the config comparison, or KeyError 'step' after the input scale had been replaced)."""
+    base = dict(sae=SaeConfig(d_sae=8, k=2), n_saes=1, penalty=False, reinit=False)
+    a = MfrTrainer(6, MfrConfig(**base))
+    a.train_step(_x().float())
+    a.save_checkpoint(tmp_path)
+    meta_path = tmp_path / "trainer_rank0.json"
+    meta = json.loads(meta_path.read_text())
+    edit(meta)
+    meta_path.write_text(json.dumps(meta))
+    b = MfrTrainer(6, MfrConfig(**base))
+    with pytest.raises(ValueError, match=rf"trainer_rank0.safetensors'.*{message}"):
+        b.load_checkpoint(tmp_path)
+    assert b.step == 0 and b.input_scale == 1.0
+
+
 # ----------------------------------------------------------------------------- SAELens fields without SAELens
 def _saelens_cfg(tmp_path, **edit):
     """Write a SAELens-6 style directory by hand (no sae_lens needed), then edit its cfg.json."""

@@ -620,7 +620,8 @@ class MfrTrainer:
 
         Raises ``ValueError`` (before changing anything) when the checkpoint was written for other SAEs (owned
         indices, d_in or any :class:`MfrConfig` field differ) or, unless ``allow_mismatch`` (then it warns), for
-        another hook point or model; ``override`` names the flag that allows it in the message.
+        another hook point or model; ``override`` names the flag that allows it in the message; also when its
+        metadata's ``cfg`` is not a JSON object or a field the trainer state needs (``step``, ...) is missing.
         """
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
         path = Path(directory) / f"trainer_rank{rank}.safetensors"
@@ -632,6 +633,13 @@ class MfrTrainer:
             raise ValueError(f"{where} holds SAEs {meta.get('owned')}, this process owns {self.owned}")
         if meta.get("d_in", self.d_in) != self.d_in:
             raise ValueError(f"{where} holds SAEs with d_in={meta['d_in']}, these activations have d_in={self.d_in}")
+        if not isinstance(meta.get("cfg", {}), dict):
+            raise ValueError(f"{where}: its metadata's 'cfg' must be a JSON object (the MfrConfig), got "
+                             f"{type(meta['cfg']).__name__}; use another output directory")
+        missing = [k for k in ("step", "alpha", "n_reinits", "window_samples", "history", "reinit_events", "checks",
+                               "assignments") if k not in meta]
+        if missing:
+            raise ValueError(f"{where}: its metadata lacks {missing}; use another output directory")
         diff = config_diff(_flat(meta.get("cfg", {})), _flat(asdict(self.cfg)), implicit=ADDED_FIELDS)
         if diff:
             raise ValueError(f"{where} was trained with other settings (" + ", ".join(
