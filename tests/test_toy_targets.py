@@ -280,3 +280,15 @@ def test_reference_resid_targets_have_no_biases_and_the_reference_recipe(tmp_pat
             ResidMLPConfig(**bad)
     with pytest.raises(ValueError, match="fidelity='reference' is defined for the TMS and residual-MLP targets"):
         target_config("gated-trig", 0, False, "reference")
+
+
+def test_biased_tensors_under_a_bias_free_arch_name_the_recorded_flag(tmp_path):
+    """A target whose tensors contradict its recorded 'bias': false is refused with the architecture as recorded
+    (before: the message showed it without the flag, so 'Unexpected key(s) ... bias' had no visible cause)."""
+    cfg = ResidMLPConfig(n_features=5, d_embed=8, d_mlp=3)
+    path = save_toy(build_resid_mlp(cfg), tmp_path / "t")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["arch"]["bias"] = False  # hand-edited: the tensors still have the biases
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"(?s)do not match the resid_mlp architecture \{.*'bias': False.*Unexpected key"):
+        load_toy(path)

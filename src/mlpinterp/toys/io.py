@@ -98,5 +98,6 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     try:
         model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})
     except RuntimeError as e:
-        raise ValueError(f"tensors in {str(path)!r} do not match the {kind} architecture {arch} ({e})") from e
+        # the architecture as recorded: with its 'bias' / 'identity' flags, which the tensors may contradict
+        raise ValueError(f"tensors in {str(path)!r} do not match the {kind} architecture {meta['arch']} ({e})") from e
     return model, meta
