@@ -177,3 +177,16 @@ def test_apd_reproduce_seeds_must_be_an_int(tmp_path, seeds, error, message):
     with pytest.raises(error, match=message):
         reproduce("tms-5-2", seeds, tmp_path / "a", quick=True, quiet=True, overrides={"steps": 1})
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("method", ["apd", "spd"])
+@pytest.mark.parametrize("n_eval, error", [(0, ValueError), (2.5, TypeError)])
+def test_reproduce_n_eval_checked_before_training(tmp_path, method, n_eval, error):
+    """``n_eval`` is refused, naming it, before a target is trained (before: SPD trained and decomposed the first
+    seed, then failed with "n must be >= 1"; APD's TMS evaluation ignored it)."""
+    from mlpinterp.experiments import apd, spd
+
+    reproduce = apd.reproduce if method == "apd" else spd.reproduce
+    with pytest.raises(error, match=r"n_eval must be"):
+        reproduce("tms-5-2", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 1}, n_eval=n_eval)
+    assert not (tmp_path / "r").exists()

@@ -512,14 +512,15 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     Raises
     ------
     ValueError
-        For an unknown setting or ``seeds < 1``; before any training, when a seed's saved target in ``out`` was
+        For an unknown setting, ``seeds < 1`` or ``n_eval < 1``; before any training, when a seed's saved target in ``out`` was
         made with another recipe (:func:`check_target`: e.g. a ``--quick`` target under a paper run).
     TypeError
-        For ``seeds`` that is not an int (a bool, a float, a string).
+        For ``seeds`` or ``n_eval`` that is not an int (a bool, a float, a string).
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     check_int(seeds, "seeds")  # a bool or a string is refused, not counted as 1 seed or compared with 1
+    check_int(n_eval, "n_eval")  # refused now, not ignored or failing after the first decomposition
     fidelity = _resolve_fidelity(setting, fidelity)
     if fidelity == "reference":
         target_config(setting, 0, quick, fidelity)  # raises for a setting without a reference recipe (gated-trig)

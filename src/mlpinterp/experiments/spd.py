@@ -299,7 +299,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
     :func:`target_fidelity`; ``"ours"`` reproduces our residual-MLP runs of before 2026-12-04, with biases).
 
-    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, bad overrides, an unavailable device, an
+    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable device, an
     ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target in ``out``
     made with another recipe (:func:`mlpinterp.experiments.apd.check_target`).
     """
@@ -307,6 +307,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
+    check_int(n_eval, "n_eval")  # refused now, not by the evaluation after the first decomposition
     cfg0 = spd_config(setting, quick, 0, recipe, **(overrides or {}))
     fid = target_fidelity(setting) if fidelity is None else fidelity  # validated by check_target below
     if device is not None:
