@@ -408,6 +408,21 @@ def test_base_mapping_and_delta_errors_name_the_argument():
         run_with_components(model, dec.components, x, masks, base=1.0)
 
 
+
+@pytest.mark.parametrize("site", ["lin1", "lin2"])
+def test_base_mapping_of_another_dtype_is_refused_naming_it(site):
+    """A per-sample base factor of another dtype than the weight it scales is refused naming ``base[site]`` (before:
+    torch's "expected m1 and m2 to have the same dtype" from inside the patched forward at lin1, and at the last
+    site lin2 a float64 output without a word)."""
+    from mlpinterp.apd.forward import run_with_components
+
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=rf"base\['{site}'\] must have the dtype of the target's weight "
+                                         r"torch.float32, got torch.float64"):
+        run_with_components(model, dec.components, x, _masks(dec, 5), base={site: torch.rand(5, dtype=torch.float64)})
+
 @pytest.mark.parametrize("bad, msg", [
     (torch.ones(5, dtype=torch.long), r"delta\['lin1'\] must be a floating-point tensor, got torch.int64"),
     (torch.tensor([0.5, float("nan"), 0.5, 0.5, 0.5]), r"delta\['lin1'\] contains NaN or inf"),

@@ -144,7 +144,7 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         If ``coef`` (or an entry) is not a real tensor.
     ValueError
         If a ``coef`` has a shape other than ``[C]`` or ``[batch, C]`` or non-finite values, a ``base`` entry is
-        not a finite ``[batch]`` tensor, or ``coef``/``base``/``only`` name a site that is not one of ``comps``.
+        not a finite ``[batch]`` tensor of its site's target weight's dtype, or ``coef``/``base``/``only`` name a site that is not one of ``comps``.
     """
     C, n = comps.C, x.shape[0]
     names = [s.name for s in comps.sites]
@@ -166,6 +166,9 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
             if not isinstance(v, torch.Tensor) or not v.is_floating_point() or tuple(v.shape) != (n,):
                 raise ValueError(f"base[{k!r}] must be a floating-point tensor of shape [batch={n}], got "
                                  f"{list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
+            w_dtype = target_weight(model, comps.sites[names.index(k)]).dtype
+            if v.dtype != w_dtype:  # it scales that weight: another dtype is a torch error or a promoted output
+                raise ValueError(f"base[{k!r}] must have the dtype of the target's weight {w_dtype}, got {v.dtype}")
             if not bool(torch.isfinite(v).all()):
                 raise ValueError(f"base[{k!r}] contains NaN or inf")
         base_n = dict(base)
