@@ -409,6 +409,21 @@ def test_base_mapping_and_delta_errors_name_the_argument():
 
 
 
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_masks_of_another_dtype_are_refused_naming_masks(with_delta):
+    """float64 masks on float32 subcomponents are refused naming ``masks`` (before: torch's "expected m1 and m2 to
+    have the same dtype"; with a float64 delta, the error named run_with_components' ``base``)."""
+    model = Tiny()
+    dec = _dec(model, ["lin1", "lin2"])
+    x = torch.randn(5, 3)
+    masks = {k: v.double() for k, v in _masks(dec, 5).items()}
+    delta = {k: torch.rand(5, dtype=torch.float64) for k in masks} if with_delta else None
+    for loss in (stochastic_recon_loss, layerwise_recon_loss):
+        with pytest.raises(ValueError, match=r"masks\['lin1'\] must have the subcomponents' dtype torch.float32, "
+                                             r"got torch.float64"):
+            loss(model, dec.components, x, masks, model(x).detach(), delta=delta)
+
+
 @pytest.mark.parametrize("site", ["lin1", "lin2"])
 def test_base_mapping_of_another_dtype_is_refused_naming_it(site):
     """A per-sample base factor of another dtype than the weight it scales is refused naming ``base[site]`` (before:

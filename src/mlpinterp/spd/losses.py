@@ -45,7 +45,13 @@ def _check_per_site(comps: Components, values: Mapping[str, torch.Tensor], what:
 
 
 def _check_masks(comps: Components, masks: Mapping[str, torch.Tensor], n: int) -> None:
+    """``masks``: one ``[batch, C]`` tensor per site, of the subcomponents' dtype (errors name ``masks``, not the
+    ``coef``/``base`` they become in ``run_with_components`` nor a raw torch dtype error)."""
     _check_per_site(comps, masks, "masks", "[batch, C]", (n, comps.C), f"[batch={n}, C={comps.C}]")
+    dtype = next(comps.parameters()).dtype
+    for k, m in masks.items():
+        if m.dtype != dtype:
+            raise ValueError(f"masks[{k!r}] must have the subcomponents' dtype {dtype}, got {m.dtype}")
 
 
 def _check_delta(comps: Components, delta: Mapping[str, torch.Tensor] | None, n: int,
