@@ -126,3 +126,17 @@ def test_kl_from_outputs_log_domain_and_one_row():
     assert kl == pytest.approx(1000.0, rel=1e-12)
     kl, se = kl_from_outputs(f[:1], q[:1])
     assert kl == pytest.approx(want[0], rel=1e-12) and math.isnan(se)  # one row: no standard error, never 0
+
+
+@pytest.mark.parametrize("v", [10**400, -(10**400)])
+def test_check_real_refuses_an_int_beyond_the_float_range_naming_it(v):
+    """An int too large for a float is a ValueError naming the argument (before: OverflowError "int too large to
+    convert to float" from math.isfinite, naming nothing), e.g. an SPD faithfulness-warm-up weight decay."""
+    from mlpinterp.spd import SPDConfig
+    from mlpinterp.utils.validation import check_real
+
+    with pytest.raises(ValueError, match=r"x must be finite, got an int beyond the float range"):
+        check_real(v, "x")
+    with pytest.raises(ValueError, match=r"faithfulness_warmup_weight_decay must be finite and >= 0, got an int "
+                                         r"beyond the float range"):
+        SPDConfig(faithfulness_warmup_weight_decay=v)

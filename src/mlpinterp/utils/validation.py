@@ -153,7 +153,11 @@ def check_real(v, name: str, lo: float | None = None, hi: float | None = None, l
     ``lo_open``)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__} {v!r}")
-    if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # an int beyond the float range: float(v) below would raise it, naming nothing
+        finite, v = False, "an int beyond the float range (|v| > 1.8e308)"
+    if not finite or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
         if lo is None and hi is None:
             rng = ""
         elif hi is None:
