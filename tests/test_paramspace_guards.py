@@ -190,3 +190,23 @@ def test_reproduce_n_eval_checked_before_training(tmp_path, method, n_eval, erro
     with pytest.raises(error, match=r"n_eval must be"):
         reproduce("tms-5-2", 1, tmp_path / "r", quick=True, quiet=True, overrides={"steps": 1}, n_eval=n_eval)
     assert not (tmp_path / "r").exists()
+
+
+def test_path_arguments_of_another_type_are_named(tmp_path):
+    """``out`` and ``apd_run`` that are not paths are refused naming them (before: pathlib's "expected str, bytes or
+    os.PathLike object, not int", naming neither)."""
+    from mlpinterp.experiments import apd, spd
+
+    for bad in (5, None):
+        with pytest.raises(TypeError, match=rf"out must be a directory path \(str or os.PathLike\), got "
+                                            rf"{type(bad).__name__}"):
+            check_out_dir(bad, "spd")
+        for reproduce in (apd.reproduce, spd.reproduce):
+            with pytest.raises(TypeError, match="out must be a directory path"):
+                reproduce("tms-5-2", 1, bad, quick=True, quiet=True)
+        with pytest.raises(TypeError, match=rf"apd_run must be the path of a `reproduce apd` run directory \(str or "
+                                            rf"os.PathLike\), got {type(bad).__name__}"):
+            read_apd_run(bad, "tms-5-2", tmp_path / "s")
+    with pytest.raises(TypeError, match="apd_run must be the path"):
+        spd.reproduce("tms-5-2", 1, tmp_path / "s", quick=True, quiet=True, apd_run=5)
+    assert not any(tmp_path.iterdir())

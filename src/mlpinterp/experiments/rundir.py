@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,9 +42,13 @@ def check_out_dir(out: str | Path, method: str) -> Path:
     ------
     ValueError
         Naming ``out`` and what it holds (the fix: another ``--out``).
+    TypeError
+        If ``out`` is not a path (``str`` or ``os.PathLike``).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out must be a directory path (str or os.PathLike), got {type(out).__name__} {out!r}")
     if str(out).strip() == "":
         raise ValueError("out must name a directory, got an empty path (it would write into the current directory)")
     out = Path(out)

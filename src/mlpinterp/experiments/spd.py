@@ -367,8 +367,11 @@ def read_apd_run(apd_run: str | Path, setting: str, out: str | Path | None = Non
     (int ``seed``, finite ``mmcs`` / ``ml2r``, per-feature ``max_cos`` / ``l2_ratio`` lists); any preset is accepted
     (the comparison records it).
 
-    Raises ``ValueError`` naming the file and what is wrong with it.
+    Raises ``ValueError`` naming the file and what is wrong with it; ``TypeError`` if ``apd_run`` is not a path.
     """
+    if not isinstance(apd_run, (str, os.PathLike)):
+        raise TypeError(f"apd_run must be the path of a `reproduce apd` run directory (str or os.PathLike), got "
+                        f"{type(apd_run).__name__} {apd_run!r}")
     base = setting.removesuffix("-id")
     if not setting.startswith("tms") or setting != base:
         raise ValueError(f"apd_run: APD comparisons are for tms-5-2 and tms-40-10 (the APD paper's settings), not "
