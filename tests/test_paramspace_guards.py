@@ -210,3 +210,22 @@ def test_path_arguments_of_another_type_are_named(tmp_path):
     with pytest.raises(TypeError, match="apd_run must be the path"):
         spd.reproduce("tms-5-2", 1, tmp_path / "s", quick=True, quiet=True, apd_run=5)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", [["tms-5-2"], {}, None, "bogus"])
+def test_setting_names_that_are_not_known_strings_are_named(tmp_path, name):
+    """A setting that is not one of the names (a list, a dict, None) is the usual "setting must be one of" ValueError
+    (before: "unhashable type: 'list'", or an AttributeError from removesuffix/startswith), and SPD's target_fidelity
+    no longer answers "reference" for an unknown name."""
+    from mlpinterp.experiments import apd, spd
+
+    for call in (lambda: spd.spd_config(name, True, 0), lambda: apd.apd_config(name, True, 0),
+                 lambda: apd.setting_spec(name), lambda: apd.target_config(name, 0, True),
+                 lambda: apd.check_target(name, 0, tmp_path / "t", True),
+                 lambda: apd.get_target(name, 0, tmp_path / "t", True, True),
+                 lambda: spd.spd_target(name, 0, tmp_path / "t", True, True), lambda: spd.target_fidelity(name)):
+        with pytest.raises(ValueError, match=r"setting must be one of \("):
+            call()
+    with pytest.raises(ValueError, match="fidelity='reference' is defined for"):
+        apd.reference_overrides(name)
+    assert not any(tmp_path.iterdir())

@@ -126,7 +126,7 @@ def reference_overrides(name: str) -> dict:
     (the target for TMS 40-10, the APD model for TMS 5-2, as the paper).
 
     Raises ``ValueError`` for a setting that is not TMS."""
-    if name not in TMS_PRESETS:
+    if not isinstance(name, str) or name not in TMS_PRESETS:
         raise ValueError(f"fidelity='reference' is defined for {tuple(TMS_PRESETS)} only, got setting {name!r}")
     t = TMS_PRESETS[name]
     return dict(m=reference_rank(t.d_hidden, t.n_features), init="reference", init_instances=3, weight_decay=0.0,
@@ -167,16 +167,16 @@ class SettingSpec:
 
 
 def setting_spec(name: str) -> SettingSpec:
-    """The data distribution of ``name`` (raises ``ValueError`` for an unknown setting)."""
-    if name in ("tms-5-2", "tms-40-10"):
+    """The data distribution of ``name`` (raises ``ValueError`` for an unknown setting or one that is not a str)."""
+    if not isinstance(name, str) or name not in TARGET_SETTINGS:  # a list or dict: not a bare "unhashable type"
+        raise ValueError(f"setting must be one of {SETTINGS} (or resid-mlp-3), got {name!r}")
+    if name in TMS_PRESETS:
         n = TMS_PRESETS[name].n_features
         return SettingSpec(name, n, (0.0, 1.0), lambda b, g: sparse_features(b, n, 0.05, (0.0, 1.0), generator=g))
     if name in RESID_PRESETS:  # resid-mlp-1/2 (APD and SPD) and resid-mlp-3 (SPD)
         n = RESID_PRESETS[name].n_features
         return SettingSpec(name, n, (-1.0, 1.0), lambda b, g: sparse_features(b, n, 0.01, (-1.0, 1.0), generator=g))
-    if name == "gated-trig":
-        return SettingSpec(name, 4, (0.0, 1.0), lambda b, g: gated_trig_inputs(b, 4, 0.05, generator=g))
-    raise ValueError(f"setting must be one of {SETTINGS} (or resid-mlp-3), got {name!r}")
+    return SettingSpec(name, 4, (0.0, 1.0), lambda b, g: gated_trig_inputs(b, 4, 0.05, generator=g))
 
 
 def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, **overrides) -> APDConfig:
@@ -184,7 +184,7 @@ def apd_config(name: str, quick: bool, seed: int, fidelity: str | None = None, *
     the setting's default, :func:`default_fidelity`) with ``seed`` and ``overrides`` applied; ``TypeError`` for a
     ``quick`` that is not a bool."""
     check_bool(quick, "quick")  # a string such as "no" would be truthy: the quick preset, silently
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     fidelity = _resolve_fidelity(name, fidelity)
     cfg = PRESETS[name]
@@ -206,13 +206,11 @@ _GATED_TARGET = {"n_functions": 4, "neurons_per_function": 10, "n_layers": 2}
 
 
 def _target_kind(name: str) -> str:
+    if not isinstance(name, str) or name not in TARGET_SETTINGS:  # a list or dict: not a bare "unhashable type"
+        raise ValueError(f"setting must be one of {TARGET_SETTINGS}, got {name!r}")
     if name in TMS_PRESETS:
         return "tms"
-    if name in RESID_PRESETS:
-        return "resid_mlp"
-    if name == "gated-trig":
-        return "gated_trig"
-    raise ValueError(f"setting must be one of {TARGET_SETTINGS}, got {name!r}")
+    return "resid_mlp" if name in RESID_PRESETS else "gated_trig"
 
 
 def target_config(name: str, seed: int, quick: bool, fidelity: str | None = None) -> dict:

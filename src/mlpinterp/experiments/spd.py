@@ -167,7 +167,7 @@ def spd_config(name: str, quick: bool, seed: int, recipe: str = "paper", **overr
     Raises ``ValueError`` for an unknown setting or recipe, the current recipe of resid-MLP-2 (not implemented:
     the message says why) or unknown override fields; ``TypeError`` for a ``quick`` that is not a bool."""
     check_bool(quick, "quick")  # a string such as "no" would be truthy: the quick preset, silently
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
@@ -185,7 +185,10 @@ def target_fidelity(name: str) -> str:
     for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
     linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
     :data:`mlpinterp.experiments.apd.REFERENCE_TARGET`; until 2026-12-04 SPD decomposed the biased targets of
-    ``"ours"``, on which resid-MLP-1's ``W_out`` splits, docs/spd.md)."""
+    ``"ours"``, on which resid-MLP-1's ``W_out`` splits, docs/spd.md). Raises ``ValueError`` for an unknown
+    setting (it would otherwise get ``"reference"``)."""
+    if name not in SETTINGS:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     return "ours" if name.startswith("tms") else "reference"
 
 
@@ -197,7 +200,9 @@ def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool, fidel
 
     Raises ``ValueError`` as :func:`mlpinterp.experiments.apd.get_target`: when the target saved at ``path`` was made
     with another recipe than the base setting's at ``seed`` (another setting, seed, ``quick`` recipe or lr schedule;
-    the "-id" settings share their base setting's target) or records none."""
+    the "-id" settings share their base setting's target) or records none; for an unknown setting."""
+    if name not in SETTINGS:  # None or a list: not an AttributeError from removesuffix
+        raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
     base = name.removesuffix("-id")
     # the base TMS is saved; "+ID" inserts I on loading
     toy, info = get_target(base, seed, path, quick, quiet,
