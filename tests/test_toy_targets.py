@@ -292,3 +292,12 @@ def test_biased_tensors_under_a_bias_free_arch_name_the_recorded_flag(tmp_path):
     path.with_suffix(".json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"(?s)do not match the resid_mlp architecture \{.*'bias': False.*Unexpected key"):
         load_toy(path)
+
+
+@pytest.mark.parametrize("ignore", ["steps", b"steps", {"steps": 1}, 5, ["steps", 3]])
+def test_config_diff_ignore_must_be_field_names(ignore):
+    """``ignore`` is a collection of field names: a bare str used to ignore its letters (so "steps" ignored nothing,
+    silently), an int raised "'int' object is not iterable"."""
+    with pytest.raises(TypeError, match="ignore must be a collection of field names"):
+        config_diff({"steps": 1}, {"steps": 2}, ignore=ignore)
+    assert config_diff({"steps": 1, "lr": 1}, {"steps": 2, "lr": 2}, ignore=(k for k in ["steps"])) == {"lr": (1, 2)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -212,12 +212,15 @@ def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping
     behaviour.
 
     The one comparison of a stored configuration with the one asked for now: run directories, checkpoints, saved
-    targets. Raises ``TypeError`` if ``saved``, ``requested`` or ``implicit`` is not a mapping."""
+    targets. Raises ``TypeError`` if ``saved``, ``requested`` or ``implicit`` is not a mapping, or ``ignore`` is not
+    a collection of field names (a bare str would ignore its letters)."""
     earlier = {} if implicit is None else implicit
     for arg, name in ((saved, "saved"), (requested, "requested"), (earlier, "implicit")):
         if not isinstance(arg, Mapping):
             raise TypeError(f"{name} must be a mapping of configuration fields, got {type(arg).__name__}")
-    skip = set(ignore)
+    skip = set(ignore) if isinstance(ignore, Iterable) and not isinstance(ignore, (str, bytes, Mapping)) else None
+    if skip is None or not all(isinstance(k, str) for k in skip):
+        raise TypeError(f"ignore must be a collection of field names (str), e.g. ('log_every',), got {ignore!r}")
     out = {}
     for key in [*requested, *(k for k in saved if k not in requested)]:
         a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
