@@ -165,6 +165,57 @@ def test_checkpoint_with_malformed_metadata_is_refused(tmp_path, edit, message):
     assert b.step == 0 and b.input_scale == 1.0
 
 
+
+def _drop_tensor(name):
+    def edit(tensors):
+        del tensors[name]
+    return edit
+
+
+def _reshape_tensor(name):
+    def edit(tensors):
+        tensors[name] = tensors[name][:-1].clone()
+    return edit
+
+
+@pytest.mark.parametrize("meta_edit, tensor_edit, message", [
+    (lambda m: m.update(assignments=[1]), None, "TypeError"),
+    (lambda m: m.update(n_reinits=3), None, "TypeError"),
+    (lambda m: m.update(n_reinits=[0, 0]), None, "n_reinits has 2 entries, not one per SAE"),
+    (lambda m: m.update(history={}), None, "must be lists"),
+    (lambda m: m.update(step="ten"), None, "ValueError"),
+    (None, _drop_tensor("window_counts"), "KeyError: 'window_counts'"),
+    (None, _reshape_tensor("since_fired"), r"tensor 'since_fired' has shape \[0, 8\], these SAEs need \[1, 8\]"),
+    (None, _reshape_tensor("sae0.param.encoder.weight"), "tensor 'sae0.param.encoder.weight' has shape"),
+    (None, _drop_tensor("sae0.param.b_dec"), "KeyError: 'sae0.param.b_dec'"),
+], ids=["assignments-list", "n_reinits-int", "n_reinits-length", "history-dict", "step-str", "no-window_counts",
+        "since_fired-shape", "encoder-weight-shape", "no-b_dec"])
+def test_checkpoint_with_malformed_values_is_refused_whole(tmp_path, meta_edit, tensor_edit, message):
+    """A checkpoint whose values do not fit (hand-edited, another trainer's tensors) is a ValueError naming the file,
+    and nothing of the trainer changes (before: raw TypeError/KeyError/RuntimeError part-way through loading, with the
+    step, history or some SAE weights already replaced)."""
+    base = dict(sae=SaeConfig(d_sae=8, k=2), n_saes=1, penalty=False, reinit=False)
+    a = MfrTrainer(6, MfrConfig(**base))
+    a.train_step(_x().float())
+    a.save_checkpoint(tmp_path)
+    if meta_edit is not None:
+        meta_path = tmp_path / "trainer_rank0.json"
+        meta = json.loads(meta_path.read_text())
+        meta_edit(meta)
+        meta_path.write_text(json.dumps(meta))
+    if tensor_edit is not None:
+        path = tmp_path / "trainer_rank0.safetensors"
+        tensors = load_file(path)
+        tensor_edit(tensors)
+        save_file(tensors, path)
+    b = MfrTrainer(6, MfrConfig(**base))
+    before = {k: v.clone() for k, v in b.saes[0].state_dict().items()}
+    with pytest.raises(ValueError, match=rf"trainer_rank0.safetensors'.*{message}"):
+        b.load_checkpoint(tmp_path)
+    assert b.step == 0 and b.history == [] and b.n_reinits == [0] and not b.opts[0].state
+    assert all(torch.equal(v, before[k]) for k, v in b.saes[0].state_dict().items())
+
+
 # ----------------------------------------------------------------------------- SAELens fields without SAELens
 def _saelens_cfg(tmp_path, **edit):
     """Write a SAELens-6 style directory by hand (no sae_lens needed), then edit its cfg.json."""

@@ -70,6 +70,39 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+
+def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrainer) -> dict:
+    """The trainer state a checkpoint holds (:meth:`MfrTrainer.save_checkpoint`), read and checked against
+    ``trainer`` (its SAEs' parameter names and shapes, the firing-count shapes). Raises ``TypeError``,
+    ``ValueError``, ``KeyError`` (a missing entry) on a malformed file; changes nothing."""
+    def shaped(name: str, like: Tensor) -> Tensor:
+        v = tensors[name]
+        if tuple(v.shape) != tuple(like.shape):
+            raise ValueError(f"tensor {name!r} has shape {list(v.shape)}, these SAEs need {list(like.shape)}")
+        return v
+
+    n_reinits = [int(v) for v in meta["n_reinits"]]
+    if len(n_reinits) != len(trainer.n_reinits):
+        raise ValueError(f"n_reinits has {len(n_reinits)} entries, not one per SAE ({len(trainer.n_reinits)})")
+    history, events, checks = meta["history"], meta["reinit_events"], meta["checks"]
+    if not all(isinstance(v, list) for v in (history, events, checks)):
+        raise TypeError("history, reinit_events and checks must be lists")
+    state = {"input_scale": meta.get("input_scale", 1.0), "step": int(meta["step"]), "n_reinits": n_reinits,
+             "alpha": None if meta["alpha"] is None else float(meta["alpha"]),
+             "window_samples": int(meta["window_samples"]), "bias_pending": set(meta.get("bias_pending", [])),
+             "history": history, "reinit_events": events, "checks": checks,
+             "assignments": {tuple(int(s) for s in k.split(",")): (np.array(v[0]), np.array(v[1]))
+                             for k, v in dict(meta["assignments"]).items()},
+             "window_counts": shaped("window_counts", trainer.window_counts),
+             "since_fired": shaped("since_fired", trainer.since_fired), "params": [], "adam": []}
+    for local, sae in enumerate(trainer.saes):
+        i = trainer.owned[local]
+        state["params"].append({n: shaped(f"sae{i}.param.{n}", v) for n, v in sae.state_dict().items()})
+        state["adam"].append({n: {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"sae{i}.adam.{n}.")}
+                              for n, _ in sae.named_parameters()})
+    return state
+
+
 # ----------------------------------------------------------------------------- inactivity measures
 def cubed_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
     """``mean_j |r_j / t - 1|**3`` with ``r_j = counts_j / n_samples`` and ``t = k / d_sae`` (dimensionless).
@@ -648,26 +681,26 @@ class MfrTrainer:
         check_provenance(f"resuming {where}", recorded_model=meta.get("model_name"),
                          recorded_hook=meta.get("hook_point"), model_name=self.model_name,
                          hook_point=self.hook_point, allow_mismatch=allow_mismatch, override=override)
-        self.input_scale = meta.get("input_scale", 1.0)
+        # every value is read and checked before anything of this trainer changes: a malformed file is refused
+        # whole, never half-loaded
+        try:
+            state = _read_trainer_state(meta, tensors, self)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            raise ValueError(f"{where}: its contents do not fit these SAEs ({type(e).__name__}: {e}); use another "
+                             "output directory") from e
+        self.input_scale = state["input_scale"]
         for sae in self.saes:
             sae.input_scale = self.input_scale or 1.0
-        self.step = int(meta["step"])
-        self.alpha = meta["alpha"]
-        self.n_reinits = list(meta["n_reinits"])
-        self.window_samples = int(meta["window_samples"])
-        self._bias_pending = set(meta.get("bias_pending", []))
-        self.history, self.reinit_events, self.checks = meta["history"], meta["reinit_events"], meta["checks"]
-        self._assignments = {tuple(int(s) for s in k.split(",")): (np.array(v[0]), np.array(v[1]))
-                             for k, v in meta["assignments"].items()}
-        self.window_counts.copy_(tensors["window_counts"])
-        self.since_fired.copy_(tensors["since_fired"])
+        self.step, self.alpha, self.n_reinits = state["step"], state["alpha"], state["n_reinits"]
+        self.window_samples, self._bias_pending = state["window_samples"], state["bias_pending"]
+        self.history, self.reinit_events, self.checks = state["history"], state["reinit_events"], state["checks"]
+        self._assignments = state["assignments"]
+        self.window_counts.copy_(state["window_counts"])
+        self.since_fired.copy_(state["since_fired"])
         for local, sae in enumerate(self.saes):
-            i = self.owned[local]
-            sae.load_state_dict({k[len(f"sae{i}.param."):]: v for k, v in tensors.items()
-                                 if k.startswith(f"sae{i}.param.")})
+            sae.load_state_dict(state["params"][local])
             self.opts[local] = opt = self._new_opt(sae)
             for n, p in sae.named_parameters():
-                st = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"sae{i}.adam.{n}.")}
-                if st:
-                    opt.state[p] = st
+                if state["adam"][local][n]:
+                    opt.state[p] = state["adam"][local][n]
         return True
