@@ -396,6 +396,9 @@ def test_load_toy_bad_json_and_tensors(tmp_path):
         load_toy(_saved_toy(tmp_path, m))
     with pytest.raises(TypeError, match="info must be a dict or None, got list"):
         save_toy(TMS(5, 2), tmp_path / "x", info=[1])
+    (tmp_path / "t.json").unlink()  # the metadata lost: said so, not "must contain 'kind' and 'arch', got keys []"
+    with pytest.raises(ValueError, match=r"t.safetensors' has no metadata file 't.json' beside it"):
+        load_toy(path)
 
 
 # ============================================================================================ sae: config and model

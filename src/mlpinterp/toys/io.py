@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.io import load_tensors, save_tensors, tensors_path
 
 
 def _kind(model: nn.Module) -> str:
@@ -50,7 +50,8 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If the file is corrupt, the metadata lacks ``kind``/``arch`` or the tensors do not fit the architecture.
+        If the file is corrupt, its ``.json`` metadata is missing or lacks ``kind``/``arch``, or the tensors do not
+        fit the architecture.
     """
     from mlpinterp.toys.gated_trig import GatedTrigMLP
     from mlpinterp.toys.resid_mlp import ResidualMLP
@@ -60,6 +61,9 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     identity, bias = False, True
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
+    if not meta and not tensors_path(path).with_suffix(".json").exists():
+        raise ValueError(f"{str(tensors_path(path))!r} has no metadata file {tensors_path(path).with_suffix('.json').name!r} beside "
+                         "it (written with the tensors by save_toy: kind and architecture)")
     if "kind" not in meta or "arch" not in meta:
         raise ValueError(f"metadata of {str(path)!r} must contain 'kind' and 'arch', got keys {sorted(meta)}")
     kind, arch = meta["kind"], meta["arch"]
