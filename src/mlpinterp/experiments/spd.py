@@ -513,7 +513,7 @@ def render_report(result: dict) -> str:
         paper = PAPER[setting]
         mm = rep.summary(result["mmcs"])
         ok = [m["mmcs"] >= 0.999 and abs(m["ml2r"] - 1) <= 0.02 for m in per]
-        few = "" if n >= 10 else f"; only {n} seeds run, too few to decide that goal"
+        few = "" if n >= 10 else f"; only {n} seed{'' if n == 1 else 's'} run, too few to decide that goal"
         v = rep.verdict(sum(ok) >= 0.9 * n, f"{sum(ok)} of {n} seeds with MMCS ≥ 0.999 and |ML2R − 1| ≤ 0.02 "
                         f"(goal: ≥ 9 of 10 seeds{few})", run=kind)
         apd = [APD_OURS.get(setting, "—"), APD_PAPER.get(setting, "—")]  # one cell each: "MMCS ..., ML2R ..."
