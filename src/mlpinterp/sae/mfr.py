@@ -70,7 +70,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-
 def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrainer) -> dict:
     """The trainer state a checkpoint holds (:meth:`MfrTrainer.save_checkpoint`), read and checked against
     ``trainer`` (its SAEs' parameter names and shapes, the firing-count shapes). Raises ``TypeError``,
@@ -98,8 +97,11 @@ def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrai
     for local, sae in enumerate(trainer.saes):
         i = trainer.owned[local]
         state["params"].append({n: shaped(f"sae{i}.param.{n}", v) for n, v in sae.state_dict().items()})
-        state["adam"].append({n: {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"sae{i}.adam.{n}.")}
-                              for n, _ in sae.named_parameters()})
+        adam = {}
+        for n, _ in sae.named_parameters():
+            prefix = f"sae{i}.adam.{n}."
+            adam[n] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        state["adam"].append(adam)
     return state
 
 
@@ -654,7 +656,8 @@ class MfrTrainer:
         Raises ``ValueError`` (before changing anything) when the checkpoint was written for other SAEs (owned
         indices, d_in or any :class:`MfrConfig` field differ) or, unless ``allow_mismatch`` (then it warns), for
         another hook point or model; ``override`` names the flag that allows it in the message; also when its
-        metadata's ``cfg`` is not a JSON object or a field the trainer state needs (``step``, ...) is missing.
+        metadata's ``cfg`` is not a JSON object, a field the trainer state needs (``step``, ...) is missing, or a
+        value or tensor does not fit these SAEs (type, length, shape); nothing of the trainer changes then.
         """
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
         path = Path(directory) / f"trainer_rank{rank}.safetensors"
