@@ -204,10 +204,10 @@ def test_path_arguments_of_another_type_are_named(tmp_path):
         for reproduce in (apd.reproduce, spd.reproduce):
             with pytest.raises(TypeError, match="out must be a directory path"):
                 reproduce("tms-5-2", 1, bad, quick=True, quiet=True)
-        with pytest.raises(TypeError, match=rf"apd_run must be the path of a `reproduce apd` run directory \(str or "
+        with pytest.raises(TypeError, match=rf"apd_run must be a path of a `reproduce apd` run directory \(str or "
                                             rf"os.PathLike\), got {type(bad).__name__}"):
             read_apd_run(bad, "tms-5-2", tmp_path / "s")
-    with pytest.raises(TypeError, match="apd_run must be the path"):
+    with pytest.raises(TypeError, match="apd_run must be a path"):
         spd.reproduce("tms-5-2", 1, tmp_path / "s", quick=True, quiet=True, apd_run=5)
     assert not any(tmp_path.iterdir())
 

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlpinterp.utils.io import read_json
+from mlpinterp.utils.validation import check_instance
 
 METHODS = ("apd", "spd")
 
@@ -47,8 +48,7 @@ def check_out_dir(out: str | Path, method: str) -> Path:
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if not isinstance(out, (str, os.PathLike)):
-        raise TypeError(f"out must be a directory path (str or os.PathLike), got {type(out).__name__} {out!r}")
+    check_instance(out, (str, os.PathLike), "out", "directory path (str or os.PathLike)")
     if str(out).strip() == "":
         raise ValueError("out must name a directory, got an empty path (it would write into the current directory)")
     out = Path(out)

@@ -44,7 +44,7 @@ from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
-from mlpinterp.utils.validation import check_bool, check_device, check_int, check_real
+from mlpinterp.utils.validation import check_bool, check_device, check_instance, check_int, check_real
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
 
@@ -374,9 +374,8 @@ def read_apd_run(apd_run: str | Path, setting: str, out: str | Path | None = Non
 
     Raises ``ValueError`` naming the file and what is wrong with it; ``TypeError`` if ``apd_run`` is not a path.
     """
-    if not isinstance(apd_run, (str, os.PathLike)):
-        raise TypeError(f"apd_run must be the path of a `reproduce apd` run directory (str or os.PathLike), got "
-                        f"{type(apd_run).__name__} {apd_run!r}")
+    check_instance(apd_run, (str, os.PathLike), "apd_run",
+                   "path of a `reproduce apd` run directory (str or os.PathLike)")
     base = setting.removesuffix("-id")
     if not setting.startswith("tms") or setting != base:
         raise ValueError(f"apd_run: APD comparisons are for tms-5-2 and tms-40-10 (the APD paper's settings), not "

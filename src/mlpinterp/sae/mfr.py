@@ -72,14 +72,19 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrainer) -> dict:
     """The trainer state a checkpoint holds (:meth:`MfrTrainer.save_checkpoint`), read and checked against
-    ``trainer`` (its SAEs' parameter names and shapes, the firing-count shapes). Raises ``TypeError``,
-    ``ValueError``, ``KeyError`` (a missing entry) on a malformed file; changes nothing."""
+    ``trainer`` (its SAEs' parameter names and shapes, the firing-count shapes). Raises ``ValueError`` (a missing
+    metadata entry, a wrong length or shape), ``KeyError`` (a missing tensor) or ``TypeError`` on a malformed file;
+    changes nothing."""
     def shaped(name: str, like: Tensor) -> Tensor:
         v = tensors[name]
         if tuple(v.shape) != tuple(like.shape):
             raise ValueError(f"tensor {name!r} has shape {list(v.shape)}, these SAEs need {list(like.shape)}")
         return v
 
+    missing = [k for k in ("step", "alpha", "n_reinits", "window_samples", "history", "reinit_events", "checks",
+                           "assignments") if k not in meta]
+    if missing:
+        raise ValueError(f"metadata lacks {missing}")
     n_reinits = [int(v) for v in meta["n_reinits"]]
     if len(n_reinits) != len(trainer.n_reinits):
         raise ValueError(f"n_reinits has {len(n_reinits)} entries, not one per SAE ({len(trainer.n_reinits)})")
@@ -672,10 +677,6 @@ class MfrTrainer:
         if not isinstance(meta.get("cfg", {}), dict):
             raise ValueError(f"{where}: its metadata's 'cfg' must be a JSON object (the MfrConfig), got "
                              f"{type(meta['cfg']).__name__}; use another output directory")
-        missing = [k for k in ("step", "alpha", "n_reinits", "window_samples", "history", "reinit_events", "checks",
-                               "assignments") if k not in meta]
-        if missing:
-            raise ValueError(f"{where}: its metadata lacks {missing}; use another output directory")
         diff = config_diff(_flat(meta.get("cfg", {})), _flat(asdict(self.cfg)), implicit=ADDED_FIELDS)
         if diff:
             raise ValueError(f"{where} was trained with other settings (" + ", ".join(

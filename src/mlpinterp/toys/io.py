@@ -61,9 +61,10 @@ def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
     identity, bias = False, True
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
-    if not meta and not tensors_path(path).with_suffix(".json").exists():
-        raise ValueError(f"{str(tensors_path(path))!r} has no metadata file {tensors_path(path).with_suffix('.json').name!r} beside "
-                         "it (written with the tensors by save_toy: kind and architecture)")
+    meta_path = tensors_path(path).with_suffix(".json")
+    if not meta and not meta_path.exists():
+        raise ValueError(f"{str(tensors_path(path))!r} has no metadata file {meta_path.name!r} beside it (written with "
+                         "the tensors by save_toy: kind and architecture)")
     if "kind" not in meta or "arch" not in meta:
         raise ValueError(f"metadata of {str(path)!r} must contain 'kind' and 'arch', got keys {sorted(meta)}")
     kind, arch = meta["kind"], meta["arch"]
