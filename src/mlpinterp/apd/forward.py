@@ -144,7 +144,8 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         If ``coef`` (or an entry) is not a real tensor.
     ValueError
         If a ``coef`` has a shape other than ``[C]`` or ``[batch, C]`` or non-finite values, a ``base`` entry is
-        not a finite ``[batch]`` tensor of its site's target weight's dtype, or ``coef``/``base``/``only`` name a site that is not one of ``comps``.
+        not a finite ``[batch]`` tensor of its site's target weight's dtype, or ``coef``/``base``/``only`` name a
+        site that is not one of ``comps``.
     """
     C, n = comps.C, x.shape[0]
     names = [s.name for s in comps.sites]

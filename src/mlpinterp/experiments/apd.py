@@ -510,8 +510,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     Raises
     ------
     ValueError
-        For an unknown setting, ``seeds < 1`` or ``n_eval < 1``; before any training, when a seed's saved target in ``out`` was
-        made with another recipe (:func:`check_target`: e.g. a ``--quick`` target under a paper run).
+        For an unknown setting, ``seeds < 1`` or ``n_eval < 1``; before any training, when a seed's saved target
+        in ``out`` was made with another recipe (:func:`check_target`: e.g. a ``--quick`` target under a paper run).
     TypeError
         For ``seeds`` or ``n_eval`` that is not an int (a bool, a float, a string).
     """

@@ -304,9 +304,9 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
     :func:`target_fidelity`; ``"ours"`` reproduces our residual-MLP runs of before 2026-12-04, with biases).
 
-    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable device, an
-    ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target in ``out``
-    made with another recipe (:func:`mlpinterp.experiments.apd.check_target`).
+    Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable
+    device, an ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target
+    in ``out`` made with another recipe (:func:`mlpinterp.experiments.apd.check_target`).
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
