@@ -527,28 +527,50 @@ def test_bad_dtype_is_refused_by_name(bad):
         fit_mixture(_net(3, rng), mix, 2, method="cg", dtype=bad)
 
 
-def test_fixed_mmap_threshold_returns_freed_tensor_pages():
-    """After the solver's mallopt a freed 24 MB array leaves no resident pages (glibc's heap kept them before)."""
+def _rss():
     import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _glibc_settings_or_skip():
     import sys
 
-    from mlpinterp.poly.mixture import exact
+    from mlpinterp.utils.malloc import fix_mmap_threshold
 
-    if not sys.platform.startswith("linux") or not exact._fixed_mmap_threshold():
+    if not sys.platform.startswith("linux") or not fix_mmap_threshold():
         pytest.skip("glibc mallopt not available (or MALLOC_MMAP_THRESHOLD_ set)")
 
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+def test_fixed_mmap_threshold_returns_freed_tensor_pages():
+    """After the solver's mallopt a freed 24 MB array leaves no resident pages (glibc's heap kept them before)."""
+    _glibc_settings_or_skip()
     a = np.ones(4_000_000)  # 32 MB, mmapped and freed: glibc would raise its threshold to it
     del a
-    before = rss()
+    before = _rss()
     a = np.ones(3_000_000)  # 24 MB: from glibc's heap under a raised threshold (22.8 MB stayed resident, measured)
     pin = np.ones(1000)  # a small block above it keeps the heap's top from being trimmed
     del a
-    assert rss() - before < 4 * 2**20
+    assert _rss() - before < 4 * 2**20
     del pin
+
+
+def test_trim_threshold_keeps_freed_scratch_until_released():
+    """A freed 2 MB block (a bfloat16 GEMM's scratch at MNIST scale) stays in the heap for reuse, without page
+    faults, under the trim threshold; ``release_free_memory`` (after each solve) returns it."""
+    from mlpinterp.utils.malloc import TRIM_THRESHOLD, release_free_memory
+
+    _glibc_settings_or_skip()
+    assert TRIM_THRESHOLD >= 4 * 2**20
+    release_free_memory()
+    before = _rss()
+    blocks = [np.ones(250_000) for _ in range(3)]  # 3 x 2 MB from the heap (below the 4 MB mmap threshold)
+    del blocks
+    kept = _rss() - before
+    assert kept >= 4 * 2**20  # glibc's default trim threshold (128 kB) would have returned them
+    release_free_memory()
+    assert _rss() - before <= kept - 4 * 2**20
 
 
 # ------------------------------------------------------------------ memory (issue 12): the same values, fewer copies
@@ -643,3 +665,32 @@ def test_warm_state_is_consistent_after_a_warm_start(init):
     cold = fit_mixture(net2, mix, 2, **kw)
     for k in range(3):
         assert np.abs(p2.coefficients(k) - cold.coefficients(k)).max() <= 1e-6 * max(np.abs(cold.coefficients(k)).max(), 1)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_factored_apply_matches_the_generic_operator(act):
+    # the right-hand side and the anchor's M theta from the ridge factors (factored.py) against the generic
+    # per-component operator on the formed [o, r, r] tensors (matrix_free._component_apply), on a rank-deficient
+    # mixture with a zero-weight component
+    from mlpinterp.poly.mixture.coordinates import quadratic_in_u
+    from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u
+    from mlpinterp.poly.ridge import fit_ridge
+
+    rng = np.random.default_rng(11)
+    d = 7
+    net = _net(d, rng, d_hidden=9, d_out=3, act=act)
+    mix = _mixture(d, [3, 7, 0, 5], rng, weights=[0.3, 0.4, 0.0, 0.3], jitter=0.0)
+    coords = coordinates_of(mix)
+    op = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
+    t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
+    ridges = [fit_ridge(net, c, 2) for c in mix.components]
+    dense = op.apply(None, components=[t(quadratic_in_u(p, coords)) for p in ridges])
+    fact = apply_factored(op, [factored_quadratic_in_u(p, coords) for p in ridges])
+    pooled = fit_ridge(net, mix.pooled(), 2)
+    dense_a = op.apply(t(quadratic_in_u(pooled, coords)))
+    fact_a = apply_factored(op, factored_quadratic_in_u(pooled, coords))
+    for got, want in [*zip(fact, dense, strict=True), *zip(fact_a, dense_a, strict=True)]:
+        assert got.shape == want.shape
+        assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    with pytest.raises(ValueError, match="one FactoredQuadratic or 4"):
+        apply_factored(op, [factored_quadratic_in_u(p, coords) for p in ridges[:2]])

@@ -7,7 +7,6 @@ support coordinates of ``coordinates.py``.
 
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 import weakref
@@ -19,6 +18,7 @@ from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
 from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
+from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u
 from mlpinterp.poly.mixture.matrix_free import (
     PRECONDITIONERS,
     _apply_cast,
@@ -31,6 +31,7 @@ from mlpinterp.poly.mixture.matrix_free import (
 )
 from mlpinterp.poly.mixture.moment_dense import _solve_dense
 from mlpinterp.poly.ridge import fit_ridge
+from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
 
 _METHODS = ("auto", "exact", "cg", "dense")
 
@@ -229,33 +230,6 @@ def fit_mixture(
 
 _OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-#: Blocks of at least this many bytes are mmapped by glibc's malloc (and unmapped when freed); see ``_fixed_mmap_threshold``.
-MMAP_THRESHOLD = 4 * 2**20
-
-
-@functools.cache
-def _fixed_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (once per process); True when it is set.
-
-    glibc serves blocks below its mmap threshold from its heap, and raises the threshold (up to 32 MB on 64-bit)
-    to the size of every mmapped block that is freed. After the first float32 CG vector (``[10, 784, 784]``,
-    24.6 MB) is freed, every later one comes from the heap, whose freed pages stay resident: measured on MNIST
-    (issue 12), 270 MB after one 8-iteration solve and 500 MB after two (``malloc_trim`` returned them), and the
-    peak of the two solves 1.97 / 2.41 GB instead of 1.73 / 1.97 GB with ``MALLOC_MMAP_THRESHOLD_=1048576``. A
-    fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the adjustment off) returns each tensor's
-    pages when it is freed. No-op (False) without glibc, or when the environment sets ``MALLOC_MMAP_THRESHOLD_``.
-    """
-    import ctypes
-    import os
-
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD = -3
-    except (OSError, AttributeError):
-        return False
-
-
 def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> _MixtureOperator:
     """The mixture's operator and preconditioner, cached per (mixture, preconditioner, device, dtype)."""
     ops = _OPERATORS.setdefault(mixture, {})
@@ -283,7 +257,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     """Matrix-free CG branch of ``fit_mixture``: tensors ``[c, b, A]`` in u and the solver diagnostics."""
     import torch
 
-    _fixed_mmap_threshold()
+    fix_mmap_threshold()  # memory; see mlpinterp.utils.malloc
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
     requested = dtype
@@ -295,9 +269,23 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
     n_apply = [op.n_apply for op in ops]
     as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
-    # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
-    comps = (as_t(quadratic_in_u(fit_ridge(network, comp, 2), coords)) for comp in mixture.components)
-    rhs = op64.apply(None, components=comps)
+    ridges = [fit_ridge(network, comp, 2) for comp in mixture.components]
+    factors = [factored_quadratic_in_u(p, coords) for p in ridges]
+    if all(f is not None for f in factors):  # an MLP: from the ridge factors, never the [o, r, r] tensors (factored.py)
+        rhs = apply_factored(op64, factors)
+    else:  # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
+        rhs = op64.apply(None, components=(as_t(quadratic_in_u(p, coords)) for p in ridges))
+    del ridges, factors
+    pooled_factors = factored_quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords) if init == "pooled" else None
+
+    def anchor_residual(rhs, anchor):
+        """``rhs - M anchor`` (float64 from the factors for an MLP, else with the fallback or float64 operator)."""
+        if init != "pooled":
+            return rhs
+        if pooled_factors is not None:
+            return _sub(rhs, apply_factored(op64, pooled_factors))
+        return _sub(rhs, _apply_cast(fallback or op64, anchor))
+
     t_rhs = time.perf_counter()
     structure = op64.structure
 
@@ -311,7 +299,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     anchor = anchor_of()
     start = init
     # ra = rhs - M anchor (the anchor's residual; with it the solution's M (x - anchor) = ra - res costs nothing)
-    ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
+    ra = anchor_residual(rhs, anchor)
     x0, res0 = (anchor, ra) if init == "pooled" else (None, None)
     galerkin = None
     if warm_start is not None:
@@ -369,7 +357,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
         )
     anchor = anchor_of()
     if ra is None:
-        ra = _sub(rhs, _apply_cast(fallback or op64, anchor)) if init == "pooled" else rhs
+        ra = anchor_residual(rhs, anchor)
     m_correction = _sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
     del ra, res, rhs  # memory: not needed below (the right-hand side and residuals, 49 MB each at MNIST scale)
     state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
@@ -382,6 +370,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             f"{sinfo['relative_residual']:.2e}, estimated excess FVU {sinfo['excess_fvu_estimate']}; stopped by "
             f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
     tensors_u = [t.detach().to("cpu", torch.float64).numpy() for t in x]
+    del x
+    release_free_memory()
     sym = tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2)  # 0.5 (A + A^T), one temporary instead of two
     sym *= 0.5
     tensors_u[2] = sym

@@ -17,6 +17,8 @@ O(r^3) per component and output (two matrix products), batched over outputs, nev
 The right-hand side needs only Gaussian moments too: the single-Gaussian projection
 ``p_k = fit_ridge(network, component_k, 2)`` has the same moments of degree <= 2 as f under component k,
 so ``E_k[f z] = E_k[p_k z]`` and ``E_mix[f z] = sum_k pi_k M_k theta_k``.
+For an MLP ``theta_k``'s quadratic part has rank <= d_hidden, and ``factored.apply_factored`` computes this sum
+from the ridge factors without forming any ``[o, r, r]`` theta_k (GLUs use ``apply(None, components=...)``).
 
 We solve with block preconditioned conjugate gradients: the outputs' systems share the operator, so one block
 CG (O'Leary 1980) takes every step along the preconditioned residuals of all outputs together, and each output's
@@ -264,16 +266,20 @@ class _MixtureOperator:
         del W  # memory: at most g2 and one [o, r, r] product buffer (reused over k) live in the GEMM loop
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
             Sg = self._S_gemm
-            A2 = A.reshape(o * r, r).to(self.dtype)
-            Y = torch.empty_like(A2)
-            Z = torch.empty(o, r, r, dtype=self.dtype, device=A2.device)
+            A3 = A.to(self.dtype)
+            Y = torch.empty(r, r, dtype=self.dtype, device=A3.device)
+            Z = torch.empty_like(Y)
+            # one output at a time (measured hot path): a bfloat16 GEMM allocates a float32 accumulator of its
+            # output, 2 MB per [r, r] at MNIST scale, reused from the heap; one [o r, r] GEMM allocated 24.6 MB,
+            # a fresh mapping each time (105,000 page faults per application; utils.malloc, docs/polynomial.md)
             for k, pk in enumerate(self.pi):
                 if pk == 0.0:
                     continue
-                torch.mm(A2, Sg[k], out=Y)  # A S_k
-                torch.bmm(Sg[k].expand(o, r, r), Y.view(o, r, r), out=Z)
-                g2.add_(Z, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
-            del A2, Y, Z
+                for j in range(o):
+                    torch.mm(A3[j], Sg[k], out=Y)  # A S_k
+                    torch.mm(Sg[k], Y, out=Z)
+                    g2[j].add_(Z, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
+            del A3, Y, Z
             # rounding breaks the symmetry of S_k A S_k; keep CG on symmetric A (the polynomial's coefficients):
             # on a non-symmetric A this operator (b' = b + 2 A m) is not self-adjoint
             return g0, g1, _symmetrise_(g2)

@@ -1,0 +1,60 @@
+"""glibc malloc settings for the matrix-free mixture solver (measured hot path, issue 12; no-ops without glibc).
+
+Two opposite costs, both measured on MNIST (784-512-10, r = 712, 10 outputs, 2 threads):
+
+* **Resident memory.** glibc serves blocks below its mmap threshold from its heap and raises the threshold (up to
+  32 MB on 64-bit) to the size of every mmapped block that is freed; after the first float32 CG vector (24.6 MB) is
+  freed every later one came from the heap, whose freed pages stayed resident: 270 MB after one solve, 500 MB after
+  two. ``fix_mmap_threshold`` fixes the threshold at ``MMAP_THRESHOLD`` (4 MB, which also turns the adjustment
+  off), so each large tensor's pages are returned when it is freed.
+* **Page faults.** Returning pages means faulting them in again. The operator's bfloat16 GEMMs each allocate a
+  float32 accumulator of their output (oneDNN scratch); the operator therefore runs them one output at a time
+  (2 MB of scratch, below the mmap threshold), and the trim threshold is raised to ``TRIM_THRESHOLD`` so that the
+  scratch freed at the top of the heap is reused instead of being returned and faulted in again (glibc's default,
+  128 kB: 47,000 page faults per operator application; 8 MB: 9,300; one 24.6 MB GEMM per component: 105,000,
+  25 s of system time in a 60 s solve). Measured effect in ``docs/polynomial.md``.
+
+Nothing here is used when the environment sets ``MALLOC_MMAP_THRESHOLD_`` (the user's own glibc settings win).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+#: Blocks of at least this many bytes are mmapped by glibc's malloc (and unmapped when freed).
+MMAP_THRESHOLD = 4 * 2**20
+#: Free memory at the top of the heap is returned to the system once it exceeds this many bytes.
+TRIM_THRESHOLD = 8 * 2**20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+@functools.cache
+def _libc():
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt  # noqa: B018 (AttributeError without glibc)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.cache
+def fix_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` and its trim threshold at ``TRIM_THRESHOLD`` (once per
+    process); True when both are set (False without glibc, or when ``MALLOC_MMAP_THRESHOLD_`` is set)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def release_free_memory() -> bool:
+    """Return the heap's free pages to the system (``malloc_trim(0)``, which also releases free pages inside the
+    heap); True when glibc released any. Called after each solve, so that what the heap held for one solve is not
+    carried into the next checkpoint's."""
+    libc = _libc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
