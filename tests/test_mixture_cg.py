@@ -9,6 +9,7 @@ side G w_dense from the dense moment-table solve's coefficients (any solution gi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 
@@ -694,3 +695,7 @@ def test_factored_apply_matches_the_generic_operator(act):
         assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
     with pytest.raises(ValueError, match="one FactoredQuadratic or 4"):
         apply_factored(op, [factored_quadratic_in_u(p, coords) for p in ridges[:2]])
+    q = factored_quadratic_in_u(pooled, coords)
+    with pytest.raises(ValueError, match=r"b \(3, 6\).*the operator expects c \[3\], b \[3, 7\]"):
+        apply_factored(op, dataclasses.replace(q, b=q.b[:, :-1]))
+    assert factored_quadratic_in_u(fit_ridge(net, mix.pooled(), 3), coords) is None  # degree 3: the generic path

@@ -78,9 +78,9 @@ def apply_factored(op, quadratics):
     t = lambda a: torch.as_tensor(a, dtype=torch.float64, device=dev)  # noqa: E731
     o = quadratics[0].c.shape[0]
     for q in quadratics:
-        if q.b.shape != (o, r) or q.L.shape[1] != r or q.w.shape != (o, q.L.shape[0]):
-            raise ValueError(f"factored quadratic has shapes b {q.b.shape}, L {q.L.shape}, w {q.w.shape}; the operator "
-                             f"expects b [{o}, {r}], L [h, {r}], w [{o}, h]")
+        if q.c.shape != (o,) or q.b.shape != (o, r) or q.L.shape[1] != r or q.w.shape != (o, q.L.shape[0]):
+            raise ValueError(f"factored quadratic has shapes c {q.c.shape}, b {q.b.shape}, L {q.L.shape}, w {q.w.shape}; "
+                             f"the operator expects c [{o}], b [{o}, {r}], L [h, {r}], w [{o}, h]")
     op.n_apply += 1
     m = op.m.to(torch.float64)
     pi = [float(v) for v in op.pi]
