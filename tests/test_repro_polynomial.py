@@ -149,6 +149,21 @@ def test_pca_directions_of_tall_data_span_the_svd_subspace():
     np.testing.assert_allclose(V.T @ V, np.eye(6), atol=1e-12)
 
 
+@pytest.mark.parametrize("n", [30, 3000])  # the short SVD branch and the tall chunked branch
+def test_pca_directions_of_float32_data_are_those_of_its_float64_cast(n):
+    """float32 data (MNIST's training set) are read in float64 chunks, not copied: the directions of the float64
+    cast, in float64, the top-k SVD subspace of the cast as the oracle."""
+    from mlpinterp.poly.spectral import pca_directions
+
+    rng = np.random.default_rng(1)
+    X32 = (rng.normal(size=(n, 20)) * np.linspace(5, 0.1, 20) + 3).astype(np.float32)
+    X64 = X32.astype(np.float64)
+    V = pca_directions(X32, 6)
+    assert V.dtype == np.float64
+    _, _, Vt = np.linalg.svd(X64 - X64.mean(0), full_matrices=False)
+    np.testing.assert_allclose(V @ V.T, Vt[:6].T @ Vt[:6], atol=1e-10)
+
+
 # --------------------------------------------------------------------------- honest statistics and verdicts
 
 

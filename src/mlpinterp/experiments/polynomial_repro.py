@@ -157,7 +157,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     attack_file = seed_dir / "attack.json"
     attack = _read_json(attack_file) if attack_file.exists() else None
     if attack is None or attack.get("step", final_step) != final_step:  # (re)compute after extending training
-        attack = svd_attack(net, final_approx, data.X_train.astype(np.float64), inputs.X_test, inputs.y_test,
+        attack = svd_attack(net, final_approx, data.X_train, inputs.X_test, inputs.y_test,
                             input_cov=inputs.mixture.cov, k_max=r["attack_k"], seed=seed)
         attack["step"] = final_step
         atomic_write_json(attack_file, attack)
