@@ -699,3 +699,6 @@ def test_factored_apply_matches_the_generic_operator(act):
     with pytest.raises(ValueError, match=r"b \(3, 6\).*the operator expects c \[3\], b \[3, 7\]"):
         apply_factored(op, dataclasses.replace(q, b=q.b[:, :-1]))
     assert factored_quadratic_in_u(fit_ridge(net, mix.pooled(), 3), coords) is None  # degree 3: the generic path
+    op32 = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="op must be the float64 mixture operator, got one working in torch.float32"):
+        apply_factored(op32, q)

@@ -101,7 +101,7 @@ def pca_directions(X, k: int) -> np.ndarray:
     mu = X.mean(0, dtype=np.float64)
     C = np.zeros((d, d))
     for s in range(0, n, 8192):
-        Xc = X[s : s + 8192].astype(np.float64) - mu
+        Xc = X[s : s + 8192] - mu  # float64 (mu is): a float32 chunk is cast by the subtraction, not copied first
         C += Xc.T @ Xc
     w, U = np.linalg.eigh(C)
     return U[:, ::-1][:, :k].copy()

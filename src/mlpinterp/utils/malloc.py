@@ -1,6 +1,6 @@
 """glibc malloc settings for the matrix-free mixture solver (measured hot path, issue 12; no-ops without glibc).
 
-Two opposite costs, both measured on MNIST (784-512-10, r = 712, 10 outputs, 2 threads):
+Two opposite costs, both measured on MNIST (784-512-10, Ledoit-Wolf classes, r = 784, 10 outputs, 2 threads):
 
 * **Resident memory.** glibc serves blocks below its mmap threshold from its heap and raises the threshold (up to
   32 MB on 64-bit) to the size of every mmapped block that is freed; after the first float32 CG vector (24.6 MB) is

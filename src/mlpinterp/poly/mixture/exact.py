@@ -276,7 +276,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     else:  # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
         rhs = op64.apply(None, components=(as_t(quadratic_in_u(p, coords)) for p in ridges))
     del ridges, factors
-    pooled_factors = factored_quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords) if init == "pooled" else None
+    pooled = fit_ridge(network, mixture.pooled(), 2) if init == "pooled" else None  # the anchor's ridge quadratic
+    pooled_factors = factored_quadratic_in_u(pooled, coords) if pooled is not None else None
 
     def anchor_residual(rhs, anchor):
         """``rhs - M anchor`` (float64 from the factors for an MLP, else with the fallback or float64 operator)."""
@@ -293,7 +294,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
 
     def anchor_of():
         # (the zero anchor only when it is used: a [o, r, r] float64 tensor, 49 MB at MNIST scale)
-        return (as_t(quadratic_in_u(fit_ridge(network, mixture.pooled(), 2), coords)) if init == "pooled"
+        return (as_t(quadratic_in_u(pooled, coords)) if pooled is not None
                 else tuple(torch.zeros(s, dtype=torch.float64, device=dev) for s in shapes))
 
     anchor = anchor_of()

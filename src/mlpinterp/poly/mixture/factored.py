@@ -60,14 +60,17 @@ def factored_quadratic_in_u(p: RidgePolynomial, coords: SupportCoordinates) -> F
 def apply_factored(op, quadratics):
     """``sum_k pi_k M_k theta_k`` (``op.apply(None, components=...)``) for factored ``theta_k``, in float64.
 
-    op : a ``matrix_free._MixtureOperator`` (its float64 covariances and means are used, whatever its dtype)
+    op : the float64 ``matrix_free._MixtureOperator`` (its means are kept in its working dtype)
     quadratics : K ``FactoredQuadratic`` (one per component, in the mixture's order) or a single one, used for
         every component (``M theta``, e.g. for the pooled-Gaussian anchor)
     Returns ``(g0 [o], g1 [o, r], g2 [o, r, r])`` float64 tensors on the operator's device.
-    Raises ValueError when the number of quadratics is not K or their shapes disagree with the operator.
+    Raises ValueError when ``op`` is not a float64 operator, the number of quadratics is not K or their shapes
+    disagree with the operator.
     """
     import torch
 
+    if op.work_dtype != torch.float64:
+        raise ValueError(f"op must be the float64 mixture operator, got one working in {op.work_dtype}")
     K, r = len(op.pi), op.r
     if isinstance(quadratics, FactoredQuadratic):
         quadratics = [quadratics] * K
@@ -82,8 +85,7 @@ def apply_factored(op, quadratics):
             raise ValueError(f"factored quadratic has shapes c {q.c.shape}, b {q.b.shape}, L {q.L.shape}, w {q.w.shape}; "
                              f"the operator expects c [{o}], b [{o}, {r}], L [h, {r}], w [{o}, h]")
     op.n_apply += 1
-    m = op.m.to(torch.float64)
-    pi = [float(v) for v in op.pi]
+    m, pi = op.m, op.pi
     pe0 = torch.zeros(o, K, dtype=torch.float64, device=dev)
     ev = torch.zeros(K, o, r, dtype=torch.float64, device=dev)
     Gs, Ws = [], []
@@ -102,7 +104,7 @@ def apply_factored(op, quadratics):
         Gs.append(G)
         Ws.append(2.0 * pi[k] * w)
     g0 = pe0.sum(1)
-    pi_t = torch.tensor(pi, dtype=torch.float64, device=dev)
+    pi_t = op.pi_t
     g1 = pe0 @ m + torch.einsum("k,kos->os", pi_t, ev)
     Q = op._S64 + m[:, :, None] * m[:, None, :]  # E_k[u u^T]
     g2 = (pe0 @ Q.reshape(K, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
