@@ -134,7 +134,8 @@ def fit_mixture(
     dtype : ``torch.float64`` (default), ``torch.float32``: float32 operator applications inside CG, float64
         true residuals and iterative refinement outside (the same stopping rules, checked in float64);
         ``torch.bfloat16``: the operator's GEMMs in bfloat16 (float32 accumulation) inside CG, float32 updates
-        of the true residual between sweeps, float32 sweeps once bfloat16 ones stall (``solver_info["fallback"]``),
+        of the true residual between sweeps, float32 sweeps once bfloat16 ones stall and float64 sweeps once float32
+        ones stall (``solver_info["fallback"]``, a list of the switches),
         convergence always decided on the float64 residual ``rhs - M theta``. On an operator that is not provably
         non-singular the bfloat16 answer is optimal on the components' supports but not the documented solution
         off them (``solver_info["canonical"]`` False). ``"auto"``: bfloat16 on a CPU with fast bfloat16 GEMMs

@@ -69,7 +69,10 @@ bfloat16 sweep ends when its recurrence stagnates at that rounding level; the tr
 the float32 operator (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so
 float32 rounding never accumulates), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16
 sweep that reduces the true residual less than twofold (or raises it: its correction is discarded) switches the
-remaining sweeps to float32 (``solver_info["fallback"]``). bfloat16 is exact in this sense on a non-singular
+remaining sweeps to float32, and a float32 sweep that does so switches them to float64 (``solver_info["fallback"]``
+lists each switch: on singular operators float32 and bfloat16 rounding can leave the true residual above a tight
+``tol`` however many sweeps run; 22 of 240 small rank-deficient problems did so before the float64 step was added,
+and every one converges with it). bfloat16 is exact in this sense on a non-singular
 operator; on a singular one its rounding adds components along null directions that no residual sees, so the
 answer is optimal on the supports but not the documented solution off them (``canonical`` False). A direction
 with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
@@ -446,6 +449,10 @@ def _inner_pcg(op: _MixtureOperator, r0, rhs_norm, explained0, gains: list, froz
             Qp = None  # memory (issue 12): the previous block is not used again, freed as soon as it is done with
             Z -= coef @ Pp
         Pp = None
+        # the parameter space is symmetric A: GEMM rounding breaks the symmetry of a direction's A, and on a singular
+        # operator that antisymmetric part, on which the fused operator is not self-adjoint, grew until a float64
+        # direction had <p, M p> < 0 (a false IndefiniteOperatorError on rank-deficient classes at tol 1e-12)
+        _symmetrise_(_unflat(Z, r)[2])
         # an orthonormal basis of the block from the Gram of the unit-normalised directions: s x s arithmetic, then
         # one product with Z (memory: the block's [s, n] tensors are rotated only in s x s coefficients below)
         zn = Z.norm(dim=1)
@@ -565,8 +572,8 @@ SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
 #: residual norm also plateaus on its own: 10 steps cut MNIST's first bfloat16 sweep at 32 iterations and 1.5e-3
 #: where it goes on to 5e-4 (measured), so the window is long.
 STAGNATION_STEPS = 30
-#: A bfloat16 sweep that leaves the true residual above this fraction of the previous one has stalled: the
-#: solver falls back to float32 sweeps (``solver_info["fallback"]``).
+#: A reduced-precision sweep that leaves the true residual above this fraction of the previous one has stalled: the
+#: remaining sweeps run one precision up, bfloat16 -> float32 -> float64 (``solver_info["fallback"]``).
 BF16_STALL = 0.5
 
 
@@ -604,7 +611,8 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     with a bfloat16 ``inner``): the residuals between sweeps are updated with it (``res - M d``), the convergence
     decision is always confirmed by ``rhs - M x`` in float64, and when a bfloat16 sweep reduces the true residual
     by less than ``BF16_STALL`` (or increases it: that correction is discarded) the remaining sweeps run in
-    float32 (``info["fallback"]`` says when and why). ``x0``: starting point (default 0); ``res0``: its residual
+    float32; a float32 sweep that stalls likewise hands the remaining sweeps to float64 (``info["fallback"]``: a
+    list of ``{"to", "after_sweep", "reason"}``, one per switch, empty when none). ``x0``: starting point (default 0); ``res0``: its residual
     ``rhs - M x0`` when the caller has it (computed as here: with ``fallback``'s operator, else float64).
     ``return_residual``: return ``(theta, info, res)`` with ``res = rhs - M theta`` in float64.
     """
@@ -690,8 +698,9 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
     # ref: the true relative residual at the last float64 recomputation
     true_rel, ref = _rel(res, rhs_norm)
     est = None
-    fell_back = None
-    exact = fallback is None  # res is rhs - M x in float64 (else updated with the float32 operator)
+    fell_back: list = []
+    update = fallback  # the operator of the residual updates between sweeps (None: rhs - M x in float64)
+    exact = update is None  # res is rhs - M x in float64 (else updated with the float32 operator)
 
     def meets(rel: float, est: float | None) -> bool:
         """The stopping rule of the module docstring, on a true relative residual."""
@@ -729,9 +738,9 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
             d = _sym_(d)  # (d: views of the sweep's own correction)
         x_new = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
         prev = float(true_rel.max())
-        exact_new = fallback is None
+        exact_new = update is None
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
-            res_new = _sym_(_sub_into(res, _apply_cast(fallback, d)))
+            res_new = _sym_(_sub_into(res, _apply_cast(update, d)))
             rel_o, rel = _rel(res_new, rhs_norm)
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
             exact_new = rel <= 1e-3 * ref
@@ -746,24 +755,34 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
             rel_o, rel = _rel(res_new, rhs_norm)
             converged = meets(rel, est)
         entry = {"iterations": n, "stopped_by": stop, "true_relative_residual": rel, "dtype": name}
-        if inner.dtype == torch.bfloat16 and not converged and rel > BF16_STALL * prev:
+        stalled = not converged and rel > BF16_STALL * prev
+        up = {torch.bfloat16: fallback, torch.float32: op64}.get(inner.dtype) if stalled else None
+        if up is not None:
+            # a reduced-precision sweep stalled (on a singular operator float32 and bfloat16 rounding can leave the
+            # true residual above tol however many sweeps run): the remaining sweeps run one precision up
             entry["discarded"] = rel >= prev
             sweeps.append(entry)
             if not entry["discarded"]:
                 x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
                 ref = rel if exact else ref
-            if fallback is None:
-                break
-            fell_back = {"to": "float32", "after_sweep": len(sweeps),
-                         "reason": f"a bfloat16 sweep took the true relative residual from {prev:.3g} to {rel:.3g}"
-                                   + (" (correction discarded)" if entry["discarded"] else "")}
-            inner = fallback
+            fell_back.append({"to": _dtype_name(up.dtype), "after_sweep": len(sweeps),
+                              "reason": f"a {name} sweep took the true relative residual from {prev:.3g} to {rel:.3g}"
+                                        + (" (correction discarded)" if entry["discarded"] else "")})
+            inner = up
+            if up is op64:  # float64 sweeps: every residual is rhs - M x in float64
+                update = None
+                if not exact:
+                    res = _sym_(_sub_into(rhs, op64.apply(x)))
+                    true_rel, _ = _rel(res, rhs_norm)
+                    exact, ref = True, float(true_rel.max())
             if it >= maxiter:
                 break
             continue
-        if not converged and rel >= prev:  # a sweep that made the true residual worse: its correction is discarded
-            entry["discarded"] = True
+        if inner.dtype == torch.bfloat16 and stalled:  # no float32 operator to fall back to
+            entry["discarded"] = rel >= prev
             sweeps.append(entry)
+            if not entry["discarded"]:
+                x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
             break
         sweeps.append(entry)
         x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
