@@ -17,6 +17,9 @@ row (``ru_maxrss``, cumulative: list ``bf16`` first to see its own peak).
 ``--device cuda``: today's solvers run on the GPU (``fit_mixture(device=...)``); the solver ``cpu32`` is today's
 float32 solver on the CPU in the same run, the row to compare a GPU with (its ratio is printed).
 
+``--huge-pages`` (default ``today``): today's solvers run with torch's transparent huge pages, as the ``mlpinterp``
+command runs them, and the baseline without (as its users ran it); ``both`` / ``none`` isolate the solver's code.
+
 Usage: python benchmarks/bench_mixture_solver.py [--case mnist] [--solvers bf16 float32 float64 warm32 warmbf16]
        [--baseline-cache DIR] [--threads 2] [--device cuda --solvers cpu32 float32 warm32]
 """
@@ -109,8 +112,15 @@ def main() -> None:
                     help="keep the first N of the 10 outputs (each output's CG is independent and the time is "
                          "proportional to the number of outputs: a loaded CPU's run then fits in 15 minutes)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--huge-pages", default="today", choices=["today", "both", "none"],
+                    help="torch's transparent huge pages (THP_MEM_ALLOC_ENABLE, which the mlpinterp command sets): for "
+                         "today's solvers only (default: each side as its users ran it), for both, or for neither")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.huge_pages != "none":  # before torch's first allocation, as the mlpinterp command does
+        from mlpinterp.utils.malloc import enable_transparent_huge_pages
+
+        enable_transparent_huge_pages()
     import numpy as np
     import torch
 
@@ -174,7 +184,8 @@ def main() -> None:
                 second = dict(W1b=net2.W1, b1b=net2.b1, W2b=net2.W2, b2b=net2.b2)
             np.savez(f"{tmp}/problem.npz", W1=net.W1, b1=net.b1, W2=net.W2, b2=net.b2, weights=mix.weights,
                      means=mix.means, covs=mix.covs, **second)
-            env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": str(args.threads)}
+            env = {**os.environ, "PYTHONPATH": f"{tmp}/src", "OMP_NUM_THREADS": str(args.threads),
+                   "THP_MEM_ALLOC_ENABLE": "1" if args.huge_pages == "both" else "0"}
             subprocess.run([sys.executable, "-c", _BASELINE_SNIPPET, f"{tmp}/problem.npz", f"{tmp}/sol.npz",
                             f"{tmp}/info.json", args.baseline_dtype, str(args.threads)], env=env, check=True)
             both = json.load(open(f"{tmp}/info.json"))

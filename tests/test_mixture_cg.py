@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import warnings
 
 import numpy as np
@@ -535,6 +536,35 @@ def test_float32_falls_back_to_float64_when_its_sweeps_stall(monkeypatch):
         assert _rel(p.coefficients(k), p64.coefficients(k)) < 1e-7
 
 
+@pytest.mark.parametrize("r,blocks,min_r", [(10, 3, 0), (530, 7, 512), (64, 64, 0)])
+def test_bfloat16_lower_block_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r):
+    # g2 += sum_k 2 pi_k S_k A_j S_k from bfloat16 GEMMs that compute only the lower part of each block column
+    # (uneven last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R): against the float64 sum,
+    # to the bfloat16 rounding of the full product, and symmetric; a zero weight adds nothing.
+    import mlpinterp.poly.mixture.matrix_free as mf
+
+    monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
+    monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", min_r)
+    rng = np.random.default_rng(3)
+    o, K = 2, 3
+    L = rng.standard_normal((K, r, r)) / np.sqrt(r)
+    S = L @ L.transpose(0, 2, 1)
+    A = rng.standard_normal((o, r, r))
+    A = A + A.transpose(0, 2, 1)
+    pi = [0.5, 0.0, 0.5]
+    want = sum(2 * p * S[k] @ A @ S[k] for k, p in enumerate(pi))
+    base = rng.standard_normal((o, r, r))
+    base = torch.tensor(base + base.transpose(0, 2, 1), dtype=torch.float32)
+    g2 = mf._add_sandwiches_bf16(base.clone(), torch.tensor(A).to(torch.bfloat16), torch.tensor(S).to(torch.bfloat16), pi)
+    got = (g2 - base).double().numpy()
+    monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", 10**9)  # the full product, same inputs
+    full = (mf._add_sandwiches_bf16(base.clone(), torch.tensor(A).to(torch.bfloat16), torch.tensor(S).to(torch.bfloat16),
+                                    pi) - base).double().numpy()
+    assert _rel(full, want) < 2e-2  # bfloat16 inputs and products: ~2^-8 per rounding
+    assert _rel(got, want) < 2e-2 and _rel(got, full) < 1e-2
+    assert _rel(got, got.transpose(0, 2, 1)) < 1e-6  # symmetric to float32 rounding (L + L^T)
+
+
 def test_bfloat16_falls_back_to_float32_when_its_sweeps_stall(monkeypatch):
     # A one-step budget per bfloat16 sweep makes the sweeps stall: the solver must switch to float32 sweeps, say
     # so, and still reach the float64 answer (never loop, never report a false convergence).
@@ -619,6 +649,29 @@ def test_trim_threshold_keeps_freed_scratch_until_released():
     assert kept >= 4 * 2**20  # glibc's default trim threshold (128 kB) would have returned them
     release_free_memory()
     assert _rss() - before <= kept - 4 * 2**20
+
+
+def _anon_huge_kb(text: str) -> int:
+    return sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("AnonHugePages:"))
+
+
+def test_cli_turns_on_huge_pages_before_torch_allocates_and_keeps_the_users_choice():
+    """The ``mlpinterp`` command sets torch's THP_MEM_ALLOC_ENABLE before torch's first allocation, so a 32 MB tensor
+    is backed by 2 MB pages where the kernel allows it (``madvise`` or ``always``); a user's own value is kept."""
+    import subprocess
+    import sys
+
+    code = ("import mlpinterp.cli.main, os, torch; x = torch.ones(8 * 2**20); print(os.environ['THP_MEM_ALLOC_ENABLE']);"
+            "print(open('/proc/self/smaps_rollup').read() if os.path.exists('/proc/self/smaps_rollup') else '')")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.splitlines()[0] == "1"
+    mode = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(mode) and "[never]" not in open(mode).read() and "AnonHugePages" in out:
+        assert _anon_huge_kb(out) >= 2048, "no transparent huge page backs the 32 MB tensor"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, "THP_MEM_ALLOC_ENABLE": "0"}).stdout
+    assert out.splitlines()[0] == "0"
 
 
 # ------------------------------------------------------------------ memory (issue 12): the same values, fewer copies

@@ -6,14 +6,18 @@ Sub-commands live one concept per module (``polynomial.py``, ``apd.py``, ``sae.p
 
 from __future__ import annotations
 
-import typer
+from mlpinterp.utils.malloc import enable_transparent_huge_pages
 
-from mlpinterp.cli import apd as _apd
-from mlpinterp.cli import lm as _lm
-from mlpinterp.cli import polynomial as _polynomial
-from mlpinterp.cli import sae as _sae
-from mlpinterp.cli import spd as _spd
-from mlpinterp.cli import transformer as _transformer
+enable_transparent_huge_pages()  # before torch's first allocation (mlpinterp.utils.malloc; measured hot path)
+
+import typer  # noqa: E402
+
+from mlpinterp.cli import apd as _apd  # noqa: E402
+from mlpinterp.cli import lm as _lm  # noqa: E402
+from mlpinterp.cli import polynomial as _polynomial  # noqa: E402
+from mlpinterp.cli import sae as _sae  # noqa: E402
+from mlpinterp.cli import spd as _spd  # noqa: E402
+from mlpinterp.cli import transformer as _transformer  # noqa: E402
 
 app = typer.Typer(
     name="mlpinterp",
