@@ -85,9 +85,7 @@ def main() -> None:
     with part("mixture (Ledoit-Wolf) + pooled"):
         mixture = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage="ledoit-wolf")
         gaussian = mixture.pooled()
-    with part("MC samples"):
-        mc = mixture.sample(r["mc_samples"], np.random.default_rng(12345))
-    inputs = pe.EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, mc)
+    inputs = pe.EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, r["mc_samples"])
     tmp = tempfile.TemporaryDirectory() if args.out is None else None
     ck_dir = args.out or tmp.name
     ccfg = ClassifierConfig(d_in=data.d_in, n_classes=data.n_classes, d_hidden=r["d_hidden"], arch="mlp",
@@ -115,11 +113,13 @@ def main() -> None:
         for k in [k for k in T if k.startswith("  solve")]:
             print(f"    {k:<42s} {T[k]:8.2f} s cumulative ({N[k]} calls)")
         warm = approx["quadratic_mixture"]
+        with part("MC samples (drawn per checkpoint)"):
+            mc = inputs.mixture_samples()
         with part("network on test + MC"):
-            f_test, f_mix = net(inputs.X_test), net(inputs.mixture_samples)
+            f_test, f_mix = net(inputs.X_test), net(mc)
         for name, p in approx.items():
             with part(f"eval {name} on test + MC"):
-                q_test, q_mix = p(inputs.X_test), p(inputs.mixture_samples)
+                q_test, q_mix = p(inputs.X_test), p(mc)
             with part("summaries (FVU, KL)"):
                 pe._summary(f_test, q_test)
                 pe._summary(f_mix, q_mix)

@@ -364,7 +364,7 @@ def test_fit_approximants_warm_starts_the_mixture_cg():
     d = 100
     L = rng.standard_normal((2, d, d)) / np.sqrt(d)
     mix = GaussianMixture(np.array([0.6, 0.4]), rng.normal(0, 1, (2, d)), L @ L.transpose(0, 2, 1) + 0.1 * np.eye(d))
-    inputs = EvalInputs(mix, mix.pooled(), np.zeros((1, d)), np.zeros(1, dtype=np.int64), np.zeros((2, d)))
+    inputs = EvalInputs(mix, mix.pooled(), np.zeros((1, d)), np.zeros(1, dtype=np.int64), 2)
     W1, W2 = rng.standard_normal((16, d)) / np.sqrt(d), rng.standard_normal((3, 16)) / 4
     nets = [MLP(W1 * s, np.zeros(16), W2, np.zeros(3), "relu") for s in (1.0, 1.02)]
     first, _ = fit_approximants(nets[0], inputs, cg_dtype="float32")
@@ -421,3 +421,19 @@ def test_mixture_cg_dtype_choices():
         assert PolynomialReproConfig(mixture_cg_dtype=ok).resolved()["mixture_cg_dtype"] == ok
     with pytest.raises(ValueError, match="mixture_cg_dtype must be 'auto', 'bfloat16', 'float32' or 'float64', got 'bf16'"):
         PolynomialReproConfig(mixture_cg_dtype="bf16").resolved()
+
+
+def test_mixture_samples_are_drawn_per_checkpoint_and_always_the_same():
+    # EvalInputs keeps only the size and seed of the Monte Carlo draws (not their 125 MB on MNIST, through every
+    # solve); every call returns the draws a one-off sample with that seed gives, bit for bit.
+    from mlpinterp import GaussianMixture
+    from mlpinterp.experiments.polynomial_eval import EvalInputs
+
+    rng = np.random.default_rng(4)
+    mix = GaussianMixture(np.array([0.3, 0.7]), rng.normal(0, 1, (2, 5)), np.stack([np.eye(5), 0.5 * np.eye(5)]))
+    inputs = EvalInputs(mix, mix.pooled(), np.zeros((1, 5)), np.zeros(1, dtype=np.int64), 300, mc_seed=9)
+    first = inputs.mixture_samples()
+    assert first.shape == (300, 5) and first.dtype == np.float64
+    assert np.array_equal(first, inputs.mixture_samples())
+    assert np.array_equal(first, mix.sample(300, np.random.default_rng(9)))
+    assert not any(isinstance(v, np.ndarray) and v.shape == (300, 5) for v in vars(inputs).values())

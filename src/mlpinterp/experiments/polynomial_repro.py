@@ -84,8 +84,7 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     shrink = "ledoit-wolf" if cfg.covariance == "ledoit-wolf" else 0.0
     mixture = GaussianMixture.from_labels(data.X_train, data.y_train, shrinkage=shrink)
     gaussian = mixture.pooled()
-    mc = mixture.sample(r["mc_samples"], np.random.default_rng(12345))
-    inputs = EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, mc)
+    inputs = EvalInputs(mixture, gaussian, data.X_test.astype(np.float64), data.y_test, r["mc_samples"])
 
     per_seed = []
     for seed in range(cfg.seeds):
