@@ -390,8 +390,9 @@ def test_too_large_degree_says_what_fits():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype):
-    # _apply_fused reuses one product buffer over the components and symmetrises in place (memory, issue 12):
-    # the values must be exactly those of the out-of-place formula it replaced.
+    # _apply_fused builds half of g2 and adds its transpose, with the sandwiches S_k A S_k in block-lower parts
+    # (issue 12): the values must be those of the out-of-place formula it replaced, to the rounding of the dtype
+    # (the summation order changed), and exactly symmetric.
     from mlpinterp.poly.mixture.coordinates import SupportCoordinates
     from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
 
@@ -423,7 +424,8 @@ def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype):
             ref.add_(torch.bmm(op.S_gemm[k].expand(o, r, r), Y), alpha=2.0 * pk)
         else:
             ref.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)
-    if dtype != torch.float64:
-        ref = 0.5 * (ref + ref.transpose(1, 2))
-    assert torch.equal(g2, ref)
+    ref = 0.5 * (ref + ref.transpose(1, 2))
+    tol = {torch.float64: 1e-13, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert float((g2 - ref).norm() / ref.norm()) < tol
+    assert torch.equal(g2, g2.transpose(1, 2))
     assert torch.equal(g0, pe0.sum(1))

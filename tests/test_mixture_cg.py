@@ -536,11 +536,12 @@ def test_float32_falls_back_to_float64_when_its_sweeps_stall(monkeypatch):
         assert _rel(p.coefficients(k), p64.coefficients(k)) < 1e-7
 
 
-@pytest.mark.parametrize("r,blocks,min_r", [(10, 3, 0), (530, 7, 512), (64, 64, 0)])
-def test_bfloat16_lower_block_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r):
-    # g2 += sum_k 2 pi_k S_k A_j S_k from bfloat16 GEMMs that compute only the lower part of each block column
-    # (uneven last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R): against the float64 sum,
-    # to the bfloat16 rounding of the full product, and symmetric; a zero weight adds nothing.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("r,blocks,min_r", [(10, 3, 0), (530, 7, 512), (64, 64, 0), (20, 7, 512)])
+def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r, dtype):
+    # H + H^T = sum_k 2 pi_k S_k A_j S_k from GEMMs that compute only the lower part of each block column (uneven
+    # last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R, one block below it): against the
+    # float64 sum, to the dtype's rounding; a zero weight adds nothing; H's prior content is kept.
     import mlpinterp.poly.mixture.matrix_free as mf
 
     monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
@@ -553,16 +554,13 @@ def test_bfloat16_lower_block_sandwiches_equal_the_float64_sum(monkeypatch, r, b
     A = A + A.transpose(0, 2, 1)
     pi = [0.5, 0.0, 0.5]
     want = sum(2 * p * S[k] @ A @ S[k] for k, p in enumerate(pi))
-    base = rng.standard_normal((o, r, r))
-    base = torch.tensor(base + base.transpose(0, 2, 1), dtype=torch.float32)
-    g2 = mf._add_sandwiches_bf16(base.clone(), torch.tensor(A).to(torch.bfloat16), torch.tensor(S).to(torch.bfloat16), pi)
-    got = (g2 - base).double().numpy()
-    monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", 10**9)  # the full product, same inputs
-    full = (mf._add_sandwiches_bf16(base.clone(), torch.tensor(A).to(torch.bfloat16), torch.tensor(S).to(torch.bfloat16),
-                                    pi) - base).double().numpy()
-    assert _rel(full, want) < 2e-2  # bfloat16 inputs and products: ~2^-8 per rounding
-    assert _rel(got, want) < 2e-2 and _rel(got, full) < 1e-2
-    assert _rel(got, got.transpose(0, 2, 1)) < 1e-6  # symmetric to float32 rounding (L + L^T)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    base = torch.tensor(rng.standard_normal((o, r, r)), dtype=work)
+    St = torch.tensor(S).to(dtype)
+    H = mf._add_sandwiches(base.clone(), torch.tensor(A).to(dtype), lambda k: St[k], pi)
+    got = (H + H.transpose(1, 2) - base - base.transpose(1, 2)).double().numpy()
+    tol = {torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # bfloat16: ~2^-8 per rounding
+    assert _rel(got, want) < tol
 
 
 def test_bfloat16_falls_back_to_float32_when_its_sweeps_stall(monkeypatch):

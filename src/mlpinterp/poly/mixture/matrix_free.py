@@ -261,30 +261,21 @@ class _MixtureOperator:
         g1 = pe0 @ m + torch.einsum("k,oks->os", pi, ev)
         Q = S + m[:, :, None] * m[:, None, :]  # E_k[u u^T]  [K, r, r] (``self.Q``)
         del S
-        g2 = (pe0 @ Q.reshape(-1, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
+        # g2 is built as a half H with H + H^T the answer (``_add_sandwiches``): half of the symmetric
+        # sum_k pi_k E_k[p] (S_k + m_k m_k^T), one of the two transposed terms sum_k pi_k m_k E_k[p v]^T, and the
+        # block-lower parts of the sandwiches
+        g2 = (pe0 @ Q.reshape(-1, r * r)).reshape(o, r, r).mul_(0.5)
         del Q
-        W = torch.einsum("kr,oks->ors", m * pi[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
-        g2 += W
-        g2 += W.transpose(1, 2)
-        del W  # memory: at most g2 and one [o, r, r] product buffer (reused over k) live in the GEMM loop
+        g2 += torch.einsum("kr,oks->ors", m * pi[:, None], ev)
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
             A3 = A.to(self.dtype)
-            _add_sandwiches_bf16(g2, A3, self._S_gemm, self.pi)
+            _add_sandwiches(g2, A3, lambda k: self._S_gemm[k], self.pi)
             del A3
-            # rounding breaks the symmetry of S_k A S_k; keep CG on symmetric A (the polynomial's coefficients):
-            # on a non-symmetric A this operator (b' = b + 2 A m) is not self-adjoint
-            return g0, g1, _symmetrise_(g2)
-        A2 = A.reshape(o * r, r)
-        Y = torch.empty_like(A2)
-        for k, pk in enumerate(self.pi):
-            if pk == 0.0:
-                continue
-            Sk = self._S_k(k)
-            torch.mm(A2, Sk, out=Y)  # A S_k
-            g2.baddbmm_(Sk.expand(o, r, r), Y.view(o, r, r), alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
-        del Y
-        if self.dtype != torch.float64:  # see above: the operator is self-adjoint on symmetric A only
-            g2 = _symmetrise_(g2)
+        else:
+            _add_sandwiches(g2, A, self._S_k, self.pi)
+        # H + H^T: the operator's answer is exactly symmetric, so CG stays on symmetric A (the polynomial's
+        # coefficients; on a non-symmetric A this operator, b' = b + 2 A m, is not self-adjoint)
+        g2 += g2.transpose(1, 2).contiguous()
         return g0, g1, g2
 
     def precondition_flat(self, F):
@@ -318,58 +309,47 @@ class _MixtureOperator:
         return _unflat(self.precondition_flat(_flat(g)), self.r)
 
 
-#: bfloat16 operator: for r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of ``S_k (A S_k)`` computes only the block
-#: columns' lower parts of its symmetric answer, in ``LOWER_BLOCKS`` block columns (measured hot path, r = 784 on a
-#: 2-core AMD EPYC with AVX512-BF16: the GEMM pair 4.6-4.8 ms -> 3.8-3.9 ms with 7 blocks of 112; 4 or 8 blocks
-#: gained less, 14 or 16 lost it to the smaller GEMMs; the flops are (1 + 8/14) / 2 = 0.79 of the full pair).
+#: For r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of ``S_k (A S_k)`` computes only the lower part of each of
+#: ``LOWER_BLOCKS`` block columns of its symmetric answer (measured hot path, r = 784 on a 2-core AMD EPYC with
+#: AVX512-BF16: the bfloat16 GEMM pair 4.6-4.8 ms -> 3.8-3.9 ms with 7 blocks of 112; 4 or 8 blocks gained less,
+#: 14 or 16 lost it to the smaller GEMMs; the flops are (1 + 8/14) / 2 = 0.79 of the full pair). Below it, one
+#: block column (the full product).
 LOWER_BLOCKS = 7
 LOWER_BLOCKS_MIN_R = 512
 
 
-def _add_sandwiches_bf16(g2, A3, Sg, pi):
-    """``g2[j] += sum_k 2 pi_k S_k A_j S_k`` with bfloat16 GEMMs (float32 accumulation), in place.
+def _add_sandwiches(H, A, S_of, pi):
+    """``H[j] += L_j`` with ``L_j + L_j^T = sum_k 2 pi_k S_k A_j S_k``, in place; returns ``H``.
 
-    ``g2 [o, r, r]`` float32; ``A3 [o, r, r]`` symmetric and ``Sg [K, r, r]`` bfloat16; ``pi``: the K weights.
-    One output at a time (measured hot path): a bfloat16 GEMM allocates a float32 accumulator of its output, 2 MB per
-    ``[r, r]`` at MNIST scale, reused from the heap (one ``[o r, r]`` GEMM allocated 24.6 MB, a fresh mapping each
-    time: 105,000 page faults per application; ``utils.malloc``, ``docs/polynomial.md``). ``S_k A_j S_k`` is
-    symmetric, so for r >= ``LOWER_BLOCKS_MIN_R`` only the lower part of each block column is computed (the rows from
-    the block's first column down), accumulated in ``L`` with the diagonal blocks at half weight, and ``L + L^T`` is
-    added: the same sum, with 0.79 of the flops.
+    ``H [o, r, r]`` in the working dtype (float32 or float64); ``A [o, r, r]`` symmetric, in the GEMM dtype
+    (bfloat16 GEMMs accumulate into a float32 ``H``); ``S_of(k)``: ``S_k [r, r]`` in the GEMM dtype; ``pi``: the K
+    weights (zero weights are skipped). ``S_k A_j S_k`` is symmetric, so only the lower part of each block column
+    (the rows from the block's first column down) is computed, the diagonal blocks at half weight: the caller adds
+    ``H^T``. One output at a time (measured hot path): a bfloat16 GEMM allocates a float32 accumulator of its
+    output, 2 MB per ``[r, r]`` at MNIST scale, reused from the heap (one ``[o r, r]`` GEMM allocated 24.6 MB, a
+    fresh mapping each time: 105,000 page faults per application; ``utils.malloc``, ``docs/polynomial.md``).
     """
     import torch
 
-    o, r = A3.shape[:2]
-    Y = torch.empty(r, r, dtype=A3.dtype, device=A3.device)
-    if r < LOWER_BLOCKS_MIN_R:
-        Z = torch.empty_like(Y)
-        for k, pk in enumerate(pi):
-            if pk == 0.0:
-                continue
-            for j in range(o):
-                torch.mm(A3[j], Sg[k], out=Y)  # A S_k
-                torch.mm(Sg[k], Y, out=Z)
-                g2[j].add_(Z, alpha=2.0 * pk)  # += 2 pi_k S_k A S_k
-        return g2
-    bs = -(-r // LOWER_BLOCKS)
+    o, r = A.shape[:2]
+    bs = -(-r // LOWER_BLOCKS) if r >= LOWER_BLOCKS_MIN_R else r
     cols = [(c0, min(c0 + bs, r)) for c0 in range(0, r, bs)]
-    buf = torch.empty(r * bs, dtype=A3.dtype, device=A3.device)
-    L = torch.empty(r, r, dtype=g2.dtype, device=g2.device)
-    for j in range(o):
-        L.zero_()
-        for k, pk in enumerate(pi):
-            if pk == 0.0:
-                continue
-            torch.mm(A3[j], Sg[k], out=Y)  # A S_k
+    Y = torch.empty(r, r, dtype=A.dtype, device=A.device)
+    buf = torch.empty(r * bs, dtype=A.dtype, device=A.device)
+    for k, pk in enumerate(pi):
+        if pk == 0.0:
+            continue
+        Sk = S_of(k)
+        for j in range(o):
+            torch.mm(A[j], Sk, out=Y)  # A S_k
             for c0, c1 in cols:
                 w = c1 - c0
                 Zb = buf[: (r - c0) * w].view(r - c0, w)
-                torch.mm(Sg[k][c0:], Y[:, c0:c1], out=Zb)  # rows c0: of columns c0:c1 of S_k A S_k
-                L[c0:c1, c0:c1].add_(Zb[:w], alpha=pk)  # the diagonal block, half of 2 pi_k (L + L^T doubles it)
-                L[c1:, c0:c1].add_(Zb[w:], alpha=2.0 * pk)
-        g2[j] += L
-        g2[j] += L.T
-    return g2
+                torch.mm(Sk[c0:], Y[:, c0:c1], out=Zb)  # rows c0: of columns c0:c1 of S_k A S_k
+                H[j, c0:c1, c0:c1].add_(Zb[:w], alpha=pk)  # the diagonal block at half of 2 pi_k (H + H^T doubles it)
+                if c1 < r:
+                    H[j, c1:, c0:c1].add_(Zb[w:], alpha=2.0 * pk)
+    return H
 
 
 def _symmetrise_(g2):
