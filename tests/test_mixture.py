@@ -388,14 +388,19 @@ def test_too_large_degree_says_what_fits():
                     2, method="dense")
 
 
+@pytest.mark.parametrize("blocks", [None, 4])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype):
+def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype, blocks, monkeypatch):
     # _apply_fused builds half of g2 and adds its transpose, with the sandwiches S_k A S_k in block-lower parts
     # (issue 12): the values must be those of the out-of-place formula it replaced, to the rounding of the dtype
     # (the summation order changed), and exactly symmetric.
+    import mlpinterp.poly.mixture.matrix_free as mf
     from mlpinterp.poly.mixture.coordinates import SupportCoordinates
     from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
 
+    if blocks is not None:  # the block-lower sandwiches at r = 9: blocks of 3
+        monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
+        monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", 0)
     rng = np.random.default_rng(46)
     mix = random_mixture(9, rng, weights=(0.4, 0.3, 0.0, 0.3), ranks=[9, 4, 9, 9])
     op = _MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", dtype)

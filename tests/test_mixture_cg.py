@@ -516,21 +516,24 @@ def test_reduced_precision_on_singular_operators_converges_to_the_float64_polyno
             assert _rel(p(X), p64(X)) < 1e-6
 
 
-def test_float32_falls_back_to_float64_when_its_sweeps_stall(monkeypatch):
-    # A one-step budget per float32 sweep makes them stall: the remaining sweeps must run in float64, the switch must
-    # be listed, and the answer must be the float64 one.
+@pytest.mark.parametrize("dtype,chain", [("float32", ["float64"]), ("bfloat16", ["float32", "float64"])])
+def test_reduced_precision_falls_back_to_float64_when_its_sweeps_stall(monkeypatch, dtype, chain):
+    # A one-step budget per float32 (and bfloat16) sweep makes them stall: the remaining sweeps must run one
+    # precision up, each switch must be listed, and the answer must be the float64 one (from bfloat16, the float64
+    # sweeps start from a residual recomputed in float64: the float32 updates in between are not exact).
     import mlpinterp.poly.mixture.matrix_free as mf
 
     monkeypatch.setitem(mf.SWEEP_MAXITER, "float32", 1)
+    monkeypatch.setitem(mf.SWEEP_MAXITER, "bfloat16", 1)
     rng = np.random.default_rng(22)
     mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
     net = _net(6, rng, d_out=3)
     p64 = fit_mixture(net, mix, 2, method="cg", tol=1e-12, fvu_tol=0.0)
-    p = fit_mixture(net, mix, 2, method="cg", dtype="float32", tol=1e-10, fvu_tol=0.0, maxiter=2000)
+    p = fit_mixture(net, mix, 2, method="cg", dtype=dtype, tol=1e-10, fvu_tol=0.0, maxiter=2000)
     si = p.solver_info
-    assert [f["to"] for f in si["fallback"]] == ["float64"]
-    assert "float32 sweep took the true relative residual" in si["fallback"][0]["reason"]
-    assert si["sweeps"][0]["dtype"] == "float32" and si["sweeps"][-1]["dtype"] == "float64"
+    assert [f["to"] for f in si["fallback"]] == chain
+    assert f"{dtype} sweep took the true relative residual" in si["fallback"][0]["reason"]
+    assert si["sweeps"][0]["dtype"] == dtype and si["sweeps"][-1]["dtype"] == "float64"
     assert si["converged"] and si["relative_residual"] <= 1e-10
     for k in range(3):
         assert _rel(p.coefficients(k), p64.coefficients(k)) < 1e-7
@@ -541,7 +544,7 @@ def test_float32_falls_back_to_float64_when_its_sweeps_stall(monkeypatch):
 def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r, dtype):
     # H + H^T = sum_k 2 pi_k S_k A_j S_k from GEMMs that compute only the lower part of each block column (uneven
     # last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R, one block below it): against the
-    # float64 sum, to the dtype's rounding; a zero weight adds nothing; H's prior content is kept.
+    # float64 sum, to the dtype's rounding, with a zero weight among the components; H's prior content is kept.
     import mlpinterp.poly.mixture.matrix_free as mf
 
     monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
@@ -561,6 +564,28 @@ def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, mi
     got = (H + H.transpose(1, 2) - base - base.transpose(1, 2)).double().numpy()
     tol = {torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # bfloat16: ~2^-8 per rounding
     assert _rel(got, want) < tol
+
+
+def test_a_float64_sweep_that_raises_the_residual_is_discarded(monkeypatch):
+    # A sweep whose correction makes the true residual worse must be thrown away, not kept: its sign is flipped
+    # here, so the solve must stop with the starting point, say so, and not report convergence.
+    import mlpinterp.poly.mixture.matrix_free as mf
+
+    inner = mf._inner_pcg
+
+    def flipped(*args, **kwargs):
+        d, *rest = inner(*args, **kwargs)
+        return (tuple(-t for t in d), *rest)
+
+    monkeypatch.setattr(mf, "_inner_pcg", flipped)
+    rng = np.random.default_rng(22)
+    mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
+    net = _net(6, rng, d_out=3)
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        p = fit_mixture(net, mix, 2, method="cg", init="zero", tol=1e-10, fvu_tol=0.0)
+    si = p.solver_info
+    assert not si["converged"] and [w["discarded"] for w in si["sweeps"]] == [True]
+    assert np.allclose(p.coefficients(2), 0.0) and si["relative_residual"] == pytest.approx(1.0)
 
 
 def test_bfloat16_falls_back_to_float32_when_its_sweeps_stall(monkeypatch):
@@ -670,6 +695,8 @@ def test_cli_turns_on_huge_pages_before_torch_allocates_and_keeps_the_users_choi
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**env, "THP_MEM_ALLOC_ENABLE": "0"}).stdout
     assert out.splitlines()[0] == "0"
+    if os.path.exists(mode) and "[madvise]" in open(mode).read() and "AnonHugePages" in out:
+        assert _anon_huge_kb(out) == 0  # without the variable torch does not ask for huge pages
 
 
 # ------------------------------------------------------------------ memory (issue 12): the same values, fewer copies

@@ -132,7 +132,8 @@ def fit_mixture(
     residual_tol : largest true relative residual accepted with the excess-FVU stop (default 1e-4).
     device : torch device for the CG path (default: CUDA when available, else CPU).
     dtype : ``torch.float64`` (default), ``torch.float32``: float32 operator applications inside CG, float64
-        true residuals and iterative refinement outside (the same stopping rules, checked in float64);
+        true residuals and iterative refinement outside (the same stopping rules, checked in float64; float64
+        sweeps once float32 ones stall, ``solver_info["fallback"]``);
         ``torch.bfloat16``: the operator's GEMMs in bfloat16 (float32 accumulation) inside CG, float32 updates
         of the true residual between sweeps, float32 sweeps once bfloat16 ones stall and float64 sweeps once float32
         ones stall (``solver_info["fallback"]``, a list of the switches),

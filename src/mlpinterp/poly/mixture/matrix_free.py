@@ -78,11 +78,13 @@ answer is optimal on the supports but not the documented solution off them (``ca
 with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
 float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
 instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
-true residual decides. Operator outputs and corrections in reduced precision are symmetrised: on a
-non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint.
+true residual decides. On a non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint, so CG
+stays on symmetric A: the operator's answer is built as ``H + H^T`` (exactly symmetric), each step's directions are
+symmetrised, and so are corrections in reduced precision.
 
 Cost at MNIST scale (r = 712, K = 10): one operator application is 2 K GEMMs of size r^3 per output, 96 % of
-the time (``benchmarks/profile_mixture_operator.py``). On the 784-256-10 ReLU MLP of
+the time (``benchmarks/profile_mixture_operator.py``); on the CPU the second GEMM of each pair computes only the
+block-lower part of its symmetric answer (``_add_sandwiches``: 0.79 of the flops). On the 784-256-10 ReLU MLP of
 ``benchmarks/bench_mixture_solver.py`` (all 10 outputs, one thread, load 3.3-4.7): float64 65 iterations 223 s
 CPU, float32 75 iterations 138 s, bfloat16 101 iterations (95 of them bfloat16) 94 s; see ``docs/polynomial.md``.
 """
@@ -271,12 +273,20 @@ class _MixtureOperator:
             A3 = A.to(self.dtype)
             _add_sandwiches(g2, A3, lambda k: self._S_gemm[k], self.pi)
             del A3
-        else:
+        elif A.device.type == "cpu":
             _add_sandwiches(g2, A, self._S_k, self.pi)
+        else:  # on a GPU the o K (1 + LOWER_BLOCKS) small GEMMs would cost launches: K batched products instead
+            A2 = A.reshape(o * r, r)
+            Y = torch.empty_like(A2)
+            for k, pk in enumerate(self.pi):
+                if pk != 0.0:
+                    Sk = self._S_k(k)
+                    torch.mm(A2, Sk, out=Y)  # A S_k
+                    g2.baddbmm_(Sk.expand(o, r, r), Y.view(o, r, r), alpha=pk)  # half of 2 pi_k S_k A S_k
+            del Y
         # H + H^T: the operator's answer is exactly symmetric, so CG stays on symmetric A (the polynomial's
         # coefficients; on a non-symmetric A this operator, b' = b + 2 A m, is not self-adjoint)
-        g2 += g2.transpose(1, 2).contiguous()
-        return g0, g1, g2
+        return g0, g1, _add_transpose_(g2)
 
     def precondition_flat(self, F):
         """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
@@ -332,7 +342,7 @@ def _add_sandwiches(H, A, S_of, pi):
     import torch
 
     o, r = A.shape[:2]
-    bs = -(-r // LOWER_BLOCKS) if r >= LOWER_BLOCKS_MIN_R else r
+    bs = max(-(-r // LOWER_BLOCKS) if r >= LOWER_BLOCKS_MIN_R else r, 1)
     cols = [(c0, min(c0 + bs, r)) for c0 in range(0, r, bs)]
     Y = torch.empty(r, r, dtype=A.dtype, device=A.device)
     buf = torch.empty(r * bs, dtype=A.dtype, device=A.device)
@@ -352,10 +362,16 @@ def _add_sandwiches(H, A, S_of, pi):
     return H
 
 
+def _add_transpose_(g2):
+    """``g2 + g2^T`` per output, in place (memory: one ``[r, r]`` temporary at a time, not an ``[o, r, r]`` one)."""
+    for g in g2:
+        g += g.T.contiguous()
+    return g2
+
+
 def _symmetrise_(g2):
-    """``0.5 * (g2 + g2^T)`` per output, in place (one [o, r, r] temporary instead of two; the same values)."""
-    g2 += g2.transpose(1, 2).contiguous()
-    return g2.mul_(0.5)
+    """``0.5 * (g2 + g2^T)`` per output, in place (one ``[r, r]`` temporary at a time; the same values)."""
+    return _add_transpose_(g2).mul_(0.5)
 
 
 def _dot(x, y):
@@ -587,7 +603,7 @@ def _pooled_estimate(gains: list, frozen, frozen_err, explained, window: int) ->
 #: dtype of the inner operator (float64: no inner sweeps; see ``_pcg``).
 SWEEP_REDUCTION = {"float32": 1e-6, "bfloat16": 1e-2}
 #: Iteration budget of one inner sweep per dtype (None: no limit beyond ``maxiter``; tests shrink it to force
-#: the bfloat16 -> float32 fallback).
+#: the bfloat16 -> float32 -> float64 fallbacks).
 SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
 #: A bfloat16 or float32 sweep ends (``"stagnated"``) when its recurrence residual has not fallen by 10 % in this
 #: many steps (rounding, not the Krylov space, limits it; the next sweep restarts from the true residual). CG's
@@ -779,7 +795,7 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         entry = {"iterations": n, "stopped_by": stop, "true_relative_residual": rel, "dtype": name}
         stalled = not converged and rel > BF16_STALL * prev
         up = {torch.bfloat16: fallback, torch.float32: op64}.get(inner.dtype) if stalled else None
-        if up is not None:
+        if up is not None and it < maxiter:
             # a reduced-precision sweep stalled (on a singular operator float32 and bfloat16 rounding can leave the
             # true residual above tol however many sweeps run): the remaining sweeps run one precision up
             entry["discarded"] = rel >= prev
@@ -797,14 +813,15 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
                     res = _sym_(_sub_into(rhs, op64.apply(x)))
                     true_rel, _ = _rel(res, rhs_norm)
                     exact, ref = True, float(true_rel.max())
-            if it >= maxiter:
-                break
             continue
-        if inner.dtype == torch.bfloat16 and stalled:  # no float32 operator to fall back to
-            entry["discarded"] = rel >= prev
+        if not converged and rel >= prev:  # a sweep that made the true residual worse: its correction is discarded
+            entry["discarded"] = True
             sweeps.append(entry)
-            if not entry["discarded"]:
-                x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
+            break
+        if inner.dtype == torch.bfloat16 and stalled:  # no float32 operator to fall back to (or no budget left)
+            entry["discarded"] = False
+            sweeps.append(entry)
+            x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
             break
         sweeps.append(entry)
         x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
