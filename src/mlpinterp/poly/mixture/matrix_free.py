@@ -72,8 +72,7 @@ sweep that reduces the true residual less than twofold (or raises it: its correc
 remaining sweeps to float32, and a float32 sweep that does so switches them to float64 (``solver_info["fallback"]``
 lists each switch: on singular operators float32 and bfloat16 rounding can leave the true residual above a tight
 ``tol`` however many sweeps run; 22 of 240 small rank-deficient problems did so before the float64 step was added,
-and every one converges with it). bfloat16 is exact in this sense on a non-singular
-operator; on a singular one its rounding adds components along null directions that no residual sees, so the
+and every one converges with it). bfloat16 is exact in this sense on a non-singular operator; on a singular one its rounding adds components along null directions that no residual sees, so the
 answer is optimal on the supports but not the documented solution off them (``canonical`` False). A direction
 with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
 float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
@@ -650,8 +649,9 @@ def _pcg(op64: _MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_to
     decision is always confirmed by ``rhs - M x`` in float64, and when a bfloat16 sweep reduces the true residual
     by less than ``BF16_STALL`` (or increases it: that correction is discarded) the remaining sweeps run in
     float32; a float32 sweep that stalls likewise hands the remaining sweeps to float64 (``info["fallback"]``: a
-    list of ``{"to", "after_sweep", "reason"}``, one per switch, empty when none). ``x0``: starting point (default 0); ``res0``: its residual
-    ``rhs - M x0`` when the caller has it (computed as here: with ``fallback``'s operator, else float64).
+    list of ``{"to", "after_sweep", "reason"}``, one per switch, empty when none). ``x0``: starting point (default
+    0); ``res0``: its residual ``rhs - M x0`` when the caller has it (computed as here: with ``fallback``'s
+    operator, else float64).
     ``return_residual``: return ``(theta, info, res)`` with ``res = rhs - M theta`` in float64.
     """
     torch = op64.torch
