@@ -818,15 +818,13 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
             entry["discarded"] = True
             sweeps.append(entry)
             break
-        if inner.dtype == torch.bfloat16 and stalled:  # no float32 operator to fall back to (or no budget left)
+        bf16_stalled = inner.dtype == torch.bfloat16 and stalled  # no float32 operator to fall back to, or no budget
+        if bf16_stalled:
             entry["discarded"] = False
-            sweeps.append(entry)
-            x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
-            break
         sweeps.append(entry)
         x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
         ref = rel if exact else ref
-        if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0:
+        if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0 or bf16_stalled:
             break
     if not exact:  # the reported residual is always rhs - M x in float64
         res = _sub_into(rhs, op64.apply(x))
