@@ -30,7 +30,7 @@ def train_mlp(data, d_hidden: int = 256, steps: int = 400, seed: int = 0):
     import numpy as np
     import torch
 
-    from mlpinterp.networks import MLP
+    from mlpinterp.ffn.layouts import from_module
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(data.d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, 10))
@@ -46,7 +46,7 @@ def train_mlp(data, d_hidden: int = 256, steps: int = 400, seed: int = 0):
     with torch.no_grad():
         pred = model(torch.as_tensor(np.array(data.X_test))).argmax(1)
         acc = float((pred == torch.as_tensor(np.array(data.y_test))).float().mean())
-    return MLP.from_module(model), acc
+    return from_module(model), acc
 
 
 def main() -> None:

@@ -117,6 +117,7 @@ def check_layouts(python: str) -> dict:
 
     import torch
 
+    from mlpinterp.sae.io import save_sae
     from mlpinterp.sae.topk import SaeConfig, TopKSae
 
     if not os.path.exists(python):
@@ -126,8 +127,8 @@ def check_layouts(python: str) -> dict:
         with torch.no_grad():
             sae.encoder.bias.normal_(generator=torch.Generator().manual_seed(2))
             sae.b_dec.normal_(generator=torch.Generator().manual_seed(3))
-        sae.save(f"{tmp}/sparsify")
-        sae.save(f"{tmp}/saelens", layout="saelens")
+        save_sae(sae, f"{tmp}/sparsify")
+        save_sae(sae, f"{tmp}/saelens", layout="saelens")
         x = torch.randn(256, D_IN, generator=torch.Generator().manual_seed(4))
         torch.save({"x": x, "y": sae(x).sae_out.detach()}, f"{tmp}/xy.pt")
         p = subprocess.run([python, "-c", _LAYOUT_CHECK, tmp], capture_output=True, text=True, timeout=600)

@@ -238,7 +238,7 @@ def test_network_call_validates_inputs(rng):
 def test_from_module_rejects_non_elementwise_activation(module):
     seq = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HID), module, torch.nn.Linear(D_HID, D_OUT)).double()
     with pytest.raises((TypeError, ValueError), match="elementwise"):
-        mi.MLP.from_module(seq)
+        mi.from_module(seq)
 
 
 def test_non_elementwise_callable_rejected():
@@ -291,7 +291,7 @@ def test_wrapped_module_with_offset_kinks_is_accurate(module, kinks):
 
 def test_float32_parametric_module_activation(rng):
     seq = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HID), torch.nn.PReLU(init=0.2), torch.nn.Linear(D_HID, D_OUT))
-    net = mi.MLP.from_module(seq)
+    net = mi.from_module(seq)
     p = mi.fit_polynomial(net, mi.Gaussian.standard(D_IN), 1)
     # PReLU(0.2) = leaky_relu:0.2 (closed form): the approximants must agree
     ref = mi.fit_polynomial(mi.MLP(net.W1, net.b1, net.W2, net.b2, "leaky_relu:0.2"), mi.Gaussian.standard(D_IN), 1)

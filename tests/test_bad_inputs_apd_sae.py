@@ -51,9 +51,11 @@ from mlpinterp.sae import (
     firing_counts,
     fvu,
     l0,
+    load_sae,
     mmcs,
     mmcs_to_truth,
     mse,
+    save_sae,
     shared_false_cluster,
 )
 from mlpinterp.toys import (
@@ -447,9 +449,9 @@ def test_sae_decode_bad(sae, acts, idx, err, match):
 
 def test_sae_save_bad_extra_cfg(sae, tmp_path):
     with pytest.raises(TypeError, match="extra_cfg must be a dict or None, got list"):
-        sae.save(tmp_path / "a", extra_cfg=[1])
+        save_sae(sae, tmp_path / "a", extra_cfg=[1])
     with pytest.raises(ValueError, match=r"extra_cfg must not override .* got \['d_in'\]"):
-        sae.save(tmp_path / "b", extra_cfg={"d_in": 7})  # wrote an unloadable artefact before
+        save_sae(sae, tmp_path / "b", extra_cfg={"d_in": 7})  # wrote an unloadable artefact before
 
 
 _DEL = object()
@@ -466,7 +468,7 @@ _DEL = object()
     (dict(k=2.5), ValueError, "cfg.json in .*: k must be a positive int"),
 ])
 def test_sae_load_bad_cfg(sae, tmp_path, layout, edit, err, match):
-    sae.save(tmp_path, layout=layout)
+    save_sae(sae, tmp_path, layout=layout)
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     for key, v in edit.items():
         if v is _DEL:
@@ -475,16 +477,16 @@ def test_sae_load_bad_cfg(sae, tmp_path, layout, edit, err, match):
             cfg[key] = v
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(err, match=match):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
 
 
 def test_sae_load_cfg_not_object_and_path_is_file(sae, tmp_path):
-    sae.save(tmp_path)
+    save_sae(sae, tmp_path)
     with pytest.raises(ValueError, match="path must be the SAE's directory"):
-        TopKSae.load(tmp_path / "cfg.json")
+        load_sae(tmp_path / "cfg.json")
     (tmp_path / "cfg.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object, got list"):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
 
 
 @pytest.mark.parametrize("layout,key,value,match", [
@@ -495,13 +497,13 @@ def test_sae_load_cfg_not_object_and_path_is_file(sae, tmp_path):
     ("sparsify", "W_dec", torch.full((8, 6), NAN), "W_dec in .* contains 48 non-finite"),  # loaded before
 ])
 def test_sae_load_bad_tensors(sae, tmp_path, layout, key, value, match):
-    sae.save(tmp_path, layout=layout)
+    save_sae(sae, tmp_path, layout=layout)
     f = tmp_path / ("sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors")
     t = load_file(f)
     t[key] = value
     save_file(t, f)
     with pytest.raises(ValueError, match=match):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
 
 
 # ============================================================================================ sae: metrics

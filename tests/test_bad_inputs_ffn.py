@@ -77,7 +77,7 @@ def test_from_hf_complex_weights_are_not_called_quantised():
     model.transformer.h[0].mlp.c_fc.to(torch.complex64)
     with pytest.raises(ValueError, match=r"c_fc \(.*Conv1D\) has complex weights"):  # was "is a quantised layer"
         ffn_site(model, "h.0.mlp")
-    with pytest.raises(ValueError, match="MLP.from_module"):
+    with pytest.raises(ValueError, match="mlpinterp.from_module"):
         ffn_site(model, "")
 
 

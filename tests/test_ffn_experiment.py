@@ -125,20 +125,21 @@ def test_bad_configuration_and_cli_errors(tmp_path):
 
 
 def test_sae_alignment_needs_an_sae_on_the_blocks_input(tmp_path):
+    from mlpinterp.sae.io import save_sae
     from mlpinterp.sae.topk import SaeConfig, TopKSae
 
     model = _saved(tmp_path, "bert")
-    good = TopKSae(16, SaeConfig(d_sae=32, k=4), hook_point="encoder.layer.1.attention.output").save(tmp_path / "sae")
+    good = save_sae(TopKSae(16, SaeConfig(d_sae=32, k=4), hook_point="encoder.layer.1.attention.output"), tmp_path / "sae")
     res = run_transformer(tmp_path / "r", _exp(model, layers=(1,), input_models=("gaussian", "data"),
                                                saes=((1, str(good)),)), quiet=True, texts=TEXTS)
     a = res["layers"][0]["features"]["sae"]
     assert len(a["max_cos"]) == 3 and 0 < a["random_mean"] < 1 and a["hook_point"] == "encoder.layer.1.attention.output"
     assert "SAE decoder" in (tmp_path / "r" / "report.md").read_text()
-    wrong = TopKSae(16, SaeConfig(d_sae=32, k=4), hook_point="encoder.layer.1.output").save(tmp_path / "sae2")
+    wrong = save_sae(TopKSae(16, SaeConfig(d_sae=32, k=4), hook_point="encoder.layer.1.output"), tmp_path / "sae2")
     with pytest.raises(ValueError, match="is not the input of FFN block"):
         run_transformer(tmp_path / "r2", _exp(model, layers=(1,), input_models=("data",), saes=((1, str(wrong)),)),
                         quiet=True, texts=TEXTS)
-    narrow = TopKSae(8, SaeConfig(d_sae=32, k=4)).save(tmp_path / "sae3")
+    narrow = save_sae(TopKSae(8, SaeConfig(d_sae=32, k=4)), tmp_path / "sae3")
     with pytest.raises(ValueError, match="d_in = 8"):
         run_transformer(tmp_path / "r3", _exp(model, layers=(1,), input_models=("data",), saes=((1, str(narrow)),)),
                         quiet=True, texts=TEXTS)

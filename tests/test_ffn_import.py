@@ -466,7 +466,7 @@ def test_glu_from_module_mixtral_style(act, name):
     torch.manual_seed(0)
     mod = _MixtralStyle(act).double()
     mod.train()  # from_module restores the training flags it switches off for its check
-    net = mi.GLU.from_module(mod)
+    net = mi.from_module(mod, gated=True)
     assert mod.training
     with torch.no_grad():
         _close(net(_x().numpy()), mod(_x()).numpy(), 1e-12)
@@ -478,45 +478,46 @@ def test_glu_from_module_mixtral_style(act, name):
 def test_glu_from_module_explicit_activation_and_t5_names():
     torch.manual_seed(0)
     mod = _T5Style().double()
-    net = mi.GLU.from_module(mod, activation="gelu_tanh")
+    net = mi.from_module(mod, activation="gelu_tanh", gated=True)
     with torch.no_grad():
         _close(net(_x().numpy()), mod(_x()).numpy(), 1e-12)
     np.testing.assert_array_equal(net.c, mod.wi_1.bias.detach().numpy())
     with pytest.raises(ValueError, match="differs from its own forward"):  # an activation the module does not use
-        mi.GLU.from_module(mod, activation="relu")
+        mi.from_module(mod, activation="relu", gated=True)
     with pytest.raises(TypeError, match=r"projections were found but no activation: pass activation="):
-        mi.GLU.from_module(mod)
+        mi.from_module(mod, gated=True)
 
 
 def test_glu_from_module_errors_list_what_was_looked_for():
-    with pytest.raises(TypeError, match=r"GLU\.from_module: module must be a module with child projections "
+    with pytest.raises(TypeError, match=r"from_module\(gated=True\): module must be a module with child projections "
                                         r"gate_proj/up_proj/down_proj, wi_0/wi_1/wo, w1/w3/w2, gate_up_proj/down_proj"
                                         r".*got Linear with children \[\]"):
-        mi.GLU.from_module(torch.nn.Linear(3, 4))
-    with pytest.raises(TypeError, match=r"use MLP\.from_module"):
-        mi.GLU.from_module(_FcStyle())
-    with pytest.raises(TypeError, match=r"use GLU\.from_module"):
-        mi.MLP.from_module(_MixtralStyle(torch.nn.SiLU()))
+        mi.from_module(torch.nn.Linear(3, 4), gated=True)
+    with pytest.raises(TypeError, match=r"parts of a plain FFN: pass gated=False"):
+        mi.from_module(_FcStyle(), gated=True)
+    with pytest.raises(TypeError, match=r"parts of a gated FFN: pass gated=True"):
+        mi.from_module(_MixtralStyle(torch.nn.SiLU()), gated=False)
+    assert isinstance(mi.from_module(_MixtralStyle(torch.nn.SiLU())), mi.GLU)  # gated=None: the parts decide
 
 
 def test_mlp_from_module_named_parts_and_hf_modules():
     torch.manual_seed(0)
     mod = _FcStyle().double()
-    net = mi.MLP.from_module(mod)
+    net = mi.from_module(mod)
     assert net.activation == "quick_gelu"
     with torch.no_grad():
         _close(net(_x().numpy()), mod.eval()(_x()).numpy(), 1e-12)
     gpt2_mlp = transformers.GPT2Model(_gpt2()).double().h[0].mlp  # Conv1D parts
     with torch.no_grad():
-        _close(mi.MLP.from_module(gpt2_mlp)(_x().numpy()), gpt2_mlp.eval()(_x()).numpy(), 1e-12)
+        _close(mi.from_module(gpt2_mlp)(_x().numpy()), gpt2_mlp.eval()(_x()).numpy(), 1e-12)
     seq = torch.nn.Sequential(torch.nn.Linear(D, H), transformers.activations.NewGELUActivation(),
                               torch.nn.Linear(H, D)).double()
-    net = mi.MLP.from_module(seq)
+    net = mi.from_module(seq)
     assert net.activation == "gelu_tanh"
     with torch.no_grad():
         _close(net(_x().numpy()), seq(_x()).numpy(), 1e-12)
     with pytest.raises(TypeError, match="act: ClippedGELUActivation module is not a supported activation"):
-        mi.MLP.from_module(torch.nn.Sequential(torch.nn.Linear(D, H), transformers.activations.ACT2FN["gelu_10"],
+        mi.from_module(torch.nn.Sequential(torch.nn.Linear(D, H), transformers.activations.ACT2FN["gelu_10"],
                                                torch.nn.Linear(H, D)))
 
 

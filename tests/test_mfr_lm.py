@@ -80,14 +80,14 @@ def test_lm_setting_table2_protocol_by_hand(tmp_path, setup):
 
 
 def test_lm_setting_spliced_ce_equals_a_hand_splice_of_the_saved_sae(tmp_path, setup):
-    from mlpinterp.sae.topk import TopKSae
+    from mlpinterp.sae.io import load_sae
 
     text_dir, path = setup
     m = run_minilm(tmp_path / "out", LmExperiment(model=str(path), **TINY), quiet=True, text_dir=text_dir)
     model = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     ids = token_chunks(tok, [(text_dir / "held_test.txt").read_text()], 16, 3)
-    sae = TopKSae.load(tmp_path / "out" / "runs" / "k4_seed0_baseline" / "sae_0").eval()
+    sae = load_sae(tmp_path / "out" / "runs" / "k4_seed0_baseline" / "sae_0").eval()
     handle = model.transformer.h[0].mlp.register_forward_hook(
         lambda mod, i, o: sae(o.reshape(-1, o.shape[-1])).sae_out.reshape(o.shape))
     try:

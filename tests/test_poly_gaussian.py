@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp import GLU, MLP, Gaussian, fit_polynomial, fvu, load_polynomial
+from mlpinterp import GLU, MLP, Gaussian, fit_polynomial, from_module, fvu, load_polynomial
 from mlpinterp.poly.metrics import fvu_on_data
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
@@ -172,7 +172,7 @@ def test_dense_materialisation_save_load_and_torch_module(kind, tmp_path):
 def test_from_module_matches_torch():
     torch.manual_seed(0)
     seq = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.GELU(), torch.nn.Linear(7, 2)).double()
-    net = MLP.from_module(seq)
+    net = from_module(seq)
     X = np.random.default_rng(0).standard_normal((10, 5))
     with torch.no_grad():
         np.testing.assert_allclose(net(X), seq(torch.from_numpy(X)).numpy(), rtol=1e-12)
@@ -212,4 +212,4 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="k must be"):
         p.coefficients(3)
     with pytest.raises(TypeError, match="nn.Sequential"):
-        MLP.from_module(torch.nn.Linear(3, 2))
+        from_module(torch.nn.Linear(3, 2))

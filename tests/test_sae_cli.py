@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from mlpinterp.cli.main import app
 from mlpinterp.cli.sae import _k_values
 from mlpinterp.lm.text import DEFAULT_TEXT_DIR
-from mlpinterp.sae.topk import TopKSae
+from mlpinterp.sae.io import load_sae
 from tests import cli_utils
 
 runner = CliRunner()
@@ -40,7 +40,7 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "0.625" in report and "0.668" in report
     assert (tmp_path / "synthetic_summary.png").stat().st_size > 1000
-    assert TopKSae.load(tmp_path / "runs" / "k6_seed0_mfr" / "sae_1").cfg.k == 6
+    assert load_sae(tmp_path / "runs" / "k6_seed0_mfr" / "sae_1").cfg.k == 6
     # finished runs are reused, not retrained
     again = runner.invoke(app, ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--steps", "4", "--quick",
                                 "--quiet", "--out", str(tmp_path)])
@@ -79,7 +79,7 @@ def test_sae_train_on_minilm_tiny(tmp_path):
                               "--k", "4", "--d-sae", "64", "--steps", "3", "--batch-size", "64", "--ctx-len", "16",
                               "--max-chunks", "24", "--quiet", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    sae = TopKSae.load(tmp_path / "sae_0")
+    sae = load_sae(tmp_path / "sae_0")
     assert sae.d_in == 384 and sae.cfg.d_sae == 64
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     core = metrics["saebench_core"][0]
@@ -98,7 +98,7 @@ def test_sae_train_on_minilm_tiny(tmp_path):
     assert other.exit_code == 1 and "Traceback" not in other.output
     assert "trained on hook point 'encoder.layer.0.output.dense', not 'encoder.layer.1.output.dense'" in text
     assert "--allow-hook-mismatch" in text
-    assert TopKSae.load(tmp_path / "sae_0").hook_point == "encoder.layer.0.output.dense"  # untouched
+    assert load_sae(tmp_path / "sae_0").hook_point == "encoder.layer.0.output.dense"  # untouched
     # sae eval: at its own hook point by default; another one is refused; a corrupt file is a message
     ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "sae_0"), "--eval-chunks", "2", "--ctx-len", "16",
                              "--out", str(tmp_path / "eval.json")])

@@ -27,6 +27,7 @@ import json
 import pytest
 import torch
 
+from mlpinterp.sae.io import load_sae, save_sae
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 
 D_IN, D_SAE, K = 12, 40, 5
@@ -62,7 +63,7 @@ def sae_lens():
 @pytest.mark.parametrize("input_scale", [1.0, 0.37])
 def test_our_sparsify_file_in_sparsify(tmp_path, sparsify, tied, input_scale):
     sae = _ours(tied=tied, input_scale=input_scale)
-    sae.save(tmp_path / "s")
+    save_sae(sae, tmp_path / "s")
     theirs = sparsify.SparseCoder.load_from_disk(tmp_path / "s")
     x = _x()
     torch.testing.assert_close(theirs(x).sae_out, sae(x).sae_out, rtol=1e-10, atol=1e-10)
@@ -73,7 +74,7 @@ def test_our_sparsify_file_in_sparsify(tmp_path, sparsify, tied, input_scale):
 @pytest.mark.parametrize("input_scale", [1.0, 2.5])
 def test_our_saelens_file_in_saelens(tmp_path, sae_lens, tied, pre_bias, input_scale):
     sae = _ours(tied=tied, pre_bias=pre_bias, input_scale=input_scale)
-    sae.save(tmp_path / "l", layout="saelens")
+    save_sae(sae, tmp_path / "l", layout="saelens")
     theirs = sae_lens.SAE.load_from_disk(tmp_path / "l")
     assert theirs.cfg.apply_b_dec_to_input is pre_bias
     assert theirs.cfg.metadata.hook_name == "encoder.layer.3.output"
@@ -89,12 +90,12 @@ def test_sparsify_file_in_ours(tmp_path, sparsify):
         theirs.encoder.bias.normal_(-0.2, 0.3, generator=g)
         theirs.b_dec.normal_(0.0, 1.0, generator=g)
     theirs.save_to_disk(tmp_path / "s")
-    ours = TopKSae.load(tmp_path / "s")
+    ours = load_sae(tmp_path / "s")
     assert ours.cfg.pre_bias and ours.hook_point is None and ours.input_scale == 1.0
     x = _x()
     torch.testing.assert_close(ours(x).sae_out, theirs(x).sae_out, rtol=1e-10, atol=1e-10)
     # ... and back: our re-save loads in sparsify with the same outputs
-    ours.save(tmp_path / "again")
+    save_sae(ours, tmp_path / "again")
     torch.testing.assert_close(sparsify.SparseCoder.load_from_disk(tmp_path / "again")(x).sae_out,
                                theirs(x).sae_out, rtol=1e-10, atol=1e-10)
 
@@ -107,7 +108,7 @@ def test_sparsify_files_we_cannot_compute_are_refused(tmp_path, sparsify, cfg_kw
     theirs = sparsify.SparseCoder(D_IN, sparsify.SparseCoderConfig(num_latents=D_SAE, k=K, **cfg_kw))
     theirs.save_to_disk(tmp_path / "s")
     with pytest.raises(ValueError, match=match):
-        TopKSae.load(tmp_path / "s")
+        load_sae(tmp_path / "s")
 
 
 def _saelens_topk(sae_lens, **kw):
@@ -132,14 +133,14 @@ def test_saelens_file_in_ours(tmp_path, sae_lens, apply_b_dec, rescale):
     """Issue 11 item 2: ``apply_b_dec_to_input: false`` was ignored (outputs off by up to 3.5, silently)."""
     theirs = _saelens_topk(sae_lens, apply_b_dec_to_input=apply_b_dec, rescale_acts_by_decoder_norm=rescale)
     theirs.save_model(tmp_path / "l")
-    ours = TopKSae.load(tmp_path / "l")
+    ours = load_sae(tmp_path / "l")
     assert ours.cfg.pre_bias is apply_b_dec
     assert ours.hook_point == "transformer.h.0.mlp" and ours.model_name == "gpt2"
     x = _x()
     with torch.no_grad():
         want = theirs(x)
     torch.testing.assert_close(ours(x).sae_out, want, rtol=1e-10, atol=1e-10)
-    ours.save(tmp_path / "again", layout="saelens")  # and back into SAELens
+    save_sae(ours, tmp_path / "again", layout="saelens")  # and back into SAELens
     with torch.no_grad():
         back = sae_lens.SAE.load_from_disk(tmp_path / "again")(x)
     torch.testing.assert_close(back, want, rtol=1e-10, atol=1e-10)
@@ -151,7 +152,7 @@ def test_saelens_normalisation_is_refused_by_name(tmp_path, sae_lens, value):
     theirs.save_model(tmp_path / "l")
     assert json.loads((tmp_path / "l" / "cfg.json").read_text())["normalize_activations"] == value
     with pytest.raises(ValueError, match=f"normalize_activations='{value}' is not supported"):
-        TopKSae.load(tmp_path / "l")
+        load_sae(tmp_path / "l")
 
 
 def test_saelens_non_topk_architecture_is_refused(tmp_path, sae_lens):
@@ -159,4 +160,4 @@ def test_saelens_non_topk_architecture_is_refused(tmp_path, sae_lens):
 
     StandardSAE(StandardSAEConfig(d_in=D_IN, d_sae=D_SAE)).save_model(tmp_path / "std")
     with pytest.raises(ValueError, match="architecture='standard' is not supported"):
-        TopKSae.load(tmp_path / "std")
+        load_sae(tmp_path / "std")

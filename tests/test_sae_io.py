@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mlpinterp.sae.io import check_provenance, weights_sha256
+from mlpinterp.sae.io import check_provenance, load_sae, save_sae, weights_sha256
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 
@@ -34,14 +34,14 @@ def _x(n=32, d=6, seed=3, scale=1.0):
 def test_cfg_json_records_provenance_dtype_scale_and_hash(tmp_path, layout):
     sae = _sae(hook_point="encoder.layer.3.output", model_name="sentence-transformers/all-MiniLM-L6-v2",
                input_scale=0.5)
-    sae.save(tmp_path / "s", layout=layout)
+    save_sae(sae, tmp_path / "s", layout=layout)
     cfg = json.loads((tmp_path / "s" / "cfg.json").read_text())
     assert cfg["hook_point"] == "encoder.layer.3.output"
     assert cfg["model_name"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert cfg["d_in"] == 6 and cfg["dtype"] == "float64" and cfg["input_scale"] == 0.5
     fname = "sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors"
     assert cfg["weights_sha256"] == weights_sha256(load_file(tmp_path / "s" / fname))
-    back = TopKSae.load(tmp_path / "s")
+    back = load_sae(tmp_path / "s")
     assert (back.hook_point, back.model_name, back.input_scale) == (sae.hook_point, sae.model_name, 0.5)
     x = _x()
     torch.testing.assert_close(back(x).sae_out, sae(x).sae_out)
@@ -60,29 +60,29 @@ def test_weights_sha256_is_a_sha256_of_names_dtypes_shapes_and_bytes():
 
 def test_a_flipped_byte_in_the_weights_is_a_clear_error(tmp_path):
     sae = _sae()
-    sae.save(tmp_path)
+    save_sae(sae, tmp_path)
     f = tmp_path / "sae.safetensors"
     data = bytearray(f.read_bytes())
     data[-5] ^= 0x01  # one bit of b_dec's last value: still a valid safetensors file with finite numbers
     f.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="do not match cfg.json's weights_sha256.*corrupt or was modified"):
-        TopKSae.load(tmp_path)
-    assert TopKSae.load(tmp_path, verify_hash=False).d_in == 6  # explicit opt-out for deliberate edits
+        load_sae(tmp_path)
+    assert load_sae(tmp_path, verify_hash=False).d_in == 6  # explicit opt-out for deliberate edits
 
 
 def test_tied_file_whose_decoder_differs_from_its_encoder_is_refused(tmp_path):
     sae = _sae(tied=True)
-    sae.save(tmp_path)
+    save_sae(sae, tmp_path)
     t = load_file(tmp_path / "sae.safetensors")
     t["W_dec"] = t["W_dec"] * 1.5
     save_file(t, tmp_path / "sae.safetensors")
     with pytest.raises(ValueError, match="tied=true but W_dec differs from the encoder weight"):
-        TopKSae.load(tmp_path, verify_hash=False)
+        load_sae(tmp_path, verify_hash=False)
 
 
 def test_sparsify_layout_refuses_pre_bias_false(tmp_path):
     with pytest.raises(ValueError, match="sparsify always subtracts b_dec"):
-        _sae(pre_bias=False).save(tmp_path)
+        save_sae(_sae(pre_bias=False), tmp_path)
 
 
 def test_check_provenance_errors_and_override_warns():
@@ -115,7 +115,7 @@ def test_resuming_at_another_hook_point_is_an_error(tmp_path):
                    hook_point="encoder.layer.3.output", model_name="minilm")
     with pytest.raises(ValueError, match=r"other settings \(sae.k: 2 there, 3 here\)"):
         c.load_checkpoint(tmp_path)
-    assert TopKSae.load(tmp_path / "sae_0").hook_point == "encoder.layer.3.output"
+    assert load_sae(tmp_path / "sae_0").hook_point == "encoder.layer.3.output"
 
 
 
@@ -220,7 +220,7 @@ def test_checkpoint_with_malformed_values_is_refused_whole(tmp_path, meta_edit, 
 def _saelens_cfg(tmp_path, **edit):
     """Write a SAELens-6 style directory by hand (no sae_lens needed), then edit its cfg.json."""
     sae = _sae()
-    sae.save(tmp_path, layout="saelens")
+    save_sae(sae, tmp_path, layout="saelens")
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     for key in [k for k in cfg if k not in ("d_in", "d_sae", "k", "dtype", "device", "architecture", "metadata",
                                            "apply_b_dec_to_input", "normalize_activations",
@@ -234,7 +234,7 @@ def _saelens_cfg(tmp_path, **edit):
 def test_saelens_apply_b_dec_to_input_false_is_honoured(tmp_path):
     """Issue 11 item 2: without our pre_bias key, apply_b_dec_to_input=false was ignored (max diff 3.5)."""
     sae = _saelens_cfg(tmp_path, apply_b_dec_to_input=False)
-    back = TopKSae.load(tmp_path)
+    back = load_sae(tmp_path)
     x = _x()
     # hand computation of SAELens's forward: no b_dec subtraction before the encoder
     pre = x @ sae.encoder.weight.T + sae.encoder.bias
@@ -249,7 +249,7 @@ def test_saelens_rescale_acts_by_decoder_norm_is_folded_exactly(tmp_path):
     t = load_file(tmp_path / "sae_weights.safetensors")
     t["W_dec"] = t["W_dec"] * torch.linspace(0.5, 2.0, 10, dtype=torch.float64)[:, None]
     save_file(t, tmp_path / "sae_weights.safetensors")
-    back = TopKSae.load(tmp_path)
+    back = load_sae(tmp_path)
     x = _x()
     n = t["W_dec"].norm(dim=1)  # SAELens: pre * ||W_dec_j||, TopK, ReLU, then acts / ||W_dec_j|| times W_dec
     pre = ((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]) * n
@@ -270,13 +270,13 @@ def test_saelens_rescale_acts_by_decoder_norm_is_folded_exactly(tmp_path):
 def test_saelens_fields_we_cannot_compute_are_refused_by_name(tmp_path, edit, match):
     _saelens_cfg(tmp_path, **edit)
     with pytest.raises(ValueError, match=match):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
 
 
 def test_saelens_hook_name_is_recorded(tmp_path):
     _saelens_cfg(tmp_path, metadata={"hook_name": "transformer.h.0.mlp", "model_name": "gpt2",
                                      "sae_lens_version": "6.54.12"})
-    back = TopKSae.load(tmp_path)
+    back = load_sae(tmp_path)
     assert (back.hook_point, back.model_name) == ("transformer.h.0.mlp", "gpt2")
 
 
@@ -311,7 +311,7 @@ def test_trainer_estimates_the_scale_from_the_first_batches_and_saves_it(tmp_pat
     assert float((want * rows).norm(dim=1).mean()) == pytest.approx(math.sqrt(6))
     assert tr.step == 5  # the estimation batches were trained on, not skipped
     assert json.loads((tmp_path / "sae_0" / "cfg.json").read_text())["input_scale"] == pytest.approx(want)
-    assert TopKSae.load(tmp_path / "sae_0").input_scale == pytest.approx(want)
+    assert load_sae(tmp_path / "sae_0").input_scale == pytest.approx(want)
     again = MfrTrainer(6, cfg)
     assert again.load_checkpoint(tmp_path) and again.input_scale == tr.input_scale
     # b_dec starts at the mean of the first batch in the scaled space

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mlpinterp.sae.evaluate import identity_sae
+from mlpinterp.sae.io import load_sae, save_sae
 from mlpinterp.sae.metrics import dead_fraction, firing_counts, fvu, l0
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 
@@ -133,12 +134,12 @@ def test_save_load_round_trip(tmp_path, layout, tied):
     with torch.no_grad():
         sae.encoder.bias.normal_()
         sae.b_dec.normal_()
-    sae.save(tmp_path / "sae", layout=layout)
+    save_sae(sae, tmp_path / "sae", layout=layout)
     files = sorted(p.name for p in (tmp_path / "sae").iterdir())
     assert files == sorted(["cfg.json", "sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors"])
     cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
     assert cfg["d_in"] == 6 and cfg["k"] == 3 and cfg["num_latents"] == 10
-    back = TopKSae.load(tmp_path / "sae")
+    back = load_sae(tmp_path / "sae")
     assert back.cfg == sae.cfg and back.d_in == 6
     x = torch.randn(8, 6, dtype=torch.float64)
     torch.testing.assert_close(back(x).sae_out, sae(x).sae_out)
@@ -146,12 +147,12 @@ def test_save_load_round_trip(tmp_path, layout, tied):
 
 def test_load_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="cfg.json"):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
     sae = _sae()
-    sae.save(tmp_path / "s")
+    save_sae(sae, tmp_path / "s")
     (tmp_path / "s" / "sae.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="not a valid safetensors"):
-        TopKSae.load(tmp_path / "s")
+        load_sae(tmp_path / "s")
 
 
 def test_bad_inputs():

@@ -34,6 +34,7 @@ _EXPORTS = {
     "ffn_site": "mlpinterp.ffn.blocks",
     "ffn_paths": "mlpinterp.ffn.blocks",
     "FFNSite": "mlpinterp.ffn.blocks",
+    "from_module": "mlpinterp.ffn.layouts",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

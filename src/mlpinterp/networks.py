@@ -73,33 +73,6 @@ class MLP:
         out = self.act.fn(X @ self.W1.T + self.b1) @ self.W2.T + self.b2
         return out[0] if single else out
 
-    @classmethod
-    def from_module(cls, module, activation=None) -> MLP:
-        """Build from ``nn.Sequential(nn.Linear, activation module, nn.Linear)`` or a module with named parts.
-
-        Named parts (:data:`mlpinterp.ffn.layouts.LAYOUTS`): ``fc1``/``fc2``, ``c_fc``/``c_proj`` (``nn.Linear`` or
-        transformers ``Conv1D``), ``dense_h_to_4h``/``dense_4h_to_h``, ``fc_in``/``fc_out``, ``wi``/``wo``, with the
-        activation in an ``act_fn``/``act``/``activation_fn``/``activation`` attribute or given as ``activation``
-        (name, module or callable). The import is checked against the module's forward (or, if the module holds
-        more than the FFN, against its parts). For a block inside a Hugging Face model use ``mlpinterp.from_hf``.
-
-        Raises ``TypeError`` if ``module`` is neither form (the message lists the names looked for) and
-        ``ValueError`` for quantised / meta weights or a forward that disagrees with the imported network.
-        """
-        import torch.nn as nn
-
-        mods = list(module.children()) if isinstance(module, nn.Sequential) else []
-        if len(mods) == 3 and isinstance(mods[0], nn.Linear) and isinstance(mods[2], nn.Linear):
-            l1, act, l2 = mods
-
-            def b(layer):
-                return layer.bias if layer.bias is not None else np.zeros(layer.out_features)
-
-            return cls(l1.weight, b(l1), l2.weight, b(l2), get_activation(act if activation is None else activation))
-        from mlpinterp.ffn.layouts import network_from_module
-
-        return network_from_module(module, activation, gated=False)
-
     def to_module(self):
         """Equivalent float64 ``torch.nn.Sequential``."""
         import torch
@@ -162,25 +135,6 @@ class GLU:
         return short_repr("GLU", d_in=self.d_in, d_hidden=self.d_hidden, d_out=self.d_out, activation=self.activation,
                           dtype=self.W.dtype, digest=digest(self.W, self.b, self.V, self.c, self.W2, self.b2))
 
-    @classmethod
-    def from_module(cls, module, activation=None) -> GLU:
-        """Build from a user's gated module: ``down(phi(gate(x)) * up(x))`` with named parts.
-
-        Recognised names (:data:`mlpinterp.ffn.layouts.LAYOUTS`): ``gate_proj``/``up_proj``/``down_proj``
-        (Llama-style), ``w1``/``w3``/``w2`` (Mixtral-style: w1 gate, w3 up, w2 down), ``wi_0``/``wi_1``/``wo``
-        (T5 gated), ``gate_up_proj``/``down_proj`` (Phi-3, fused [gate; up]); projections are ``nn.Linear`` (biases
-        kept when present). The activation is ``activation`` (name, Activation, module or callable) or the module's
-        ``act_fn``/``act``/``activation_fn``/``activation`` attribute (module or callable). The import is checked
-        against the module's forward (or its parts). For a block inside a Hugging Face model use
-        ``mlpinterp.from_hf``.
-
-        Raises ``TypeError`` if no such parts are found (the message lists the names looked for and the children
-        found) and ``ValueError`` for quantised / meta weights or a forward that disagrees with the imported network.
-        """
-        from mlpinterp.ffn.layouts import network_from_module
-
-        return network_from_module(module, activation, gated=True)
-
     def hidden(self, X) -> np.ndarray:
         """Gated activations ``phi(W x + b) * (V x + c)``: ``[n, d_hidden]``."""
         X, _ = as_inputs(X, self.d_in)
@@ -220,6 +174,6 @@ def validate_network(network) -> Network:
     if not isinstance(network, MLP | GLU):
         raise TypeError(
             f"network must be mlpinterp.MLP or mlpinterp.GLU, got {type(network).__name__}; "
-            "use MLP.from_module(...) for a torch nn.Sequential"
+            "use mlpinterp.from_module(...) for a torch module"
         )
     return network

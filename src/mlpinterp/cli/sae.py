@@ -248,10 +248,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.lm.models import canonical_model_name, load_model
         from mlpinterp.lm.text import token_chunks
         from mlpinterp.sae.evaluate import evaluate_sae
-        from mlpinterp.sae.topk import TopKSae
+        from mlpinterp.sae.io import load_sae
 
         with expected_errors():
-            sae = TopKSae.load(sae_dir)
+            sae = load_sae(sae_dir)
             name = model or sae.model_name
             if not name:
                 fail(f"{str(sae_dir)!r} records no model", "pass --model")

@@ -3,9 +3,10 @@
 All loaders return a :class:`Dataset` of flattened float32 images in ``[0, 1]`` and int64 labels.
 """
 
-from mlpinterp.data.dataset import DATASET_NAMES, Dataset, candidate_data_dirs, default_data_dir, load_dataset
+from mlpinterp.data.dataset import DATASET_NAMES, Dataset, candidate_data_dirs, default_data_dir
 from mlpinterp.data.digits import load_digits
 from mlpinterp.data.idx import load_fashion_mnist, load_mnist, read_idx
+from mlpinterp.data.registry import load_dataset
 
 __all__ = [
     "DATASET_NAMES",

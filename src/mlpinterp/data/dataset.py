@@ -1,4 +1,4 @@
-"""The :class:`Dataset` container and the name-based :func:`load_dataset` dispatcher.
+"""The :class:`Dataset` container, the dataset names and where their files are looked for.
 
 A dataset is a frozen bundle of flattened float32 images in ``[0, 1]`` and int64 labels,
 already split into train and test. Loaders for the individual datasets live in
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion-mnist")
-"""Names accepted by :func:`load_dataset` and :func:`default_data_dir`."""
+"""Names accepted by :func:`mlpinterp.data.registry.load_dataset` and :func:`default_data_dir`."""
 
 ENV_VAR = "MLPINTERP_DATA"
 """Environment variable naming a directory that holds one sub-directory per dataset."""
@@ -117,7 +117,7 @@ def _describe(x) -> str:
     return type(x).__name__
 
 
-def _check_name(name: str) -> str:
+def check_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     key = name.lower().replace("_", "-")
@@ -140,7 +140,7 @@ def candidate_data_dirs(name: str) -> list[Path]:
 
     Raises ``ValueError`` for an unknown name.
     """
-    key = _check_name(name)
+    key = check_name(name)
     dirs: list[Path] = []
     env = os.environ.get(ENV_VAR)
     if env:
@@ -161,7 +161,7 @@ def default_data_dir(name: str) -> Path:
 
     Raises ``ValueError`` for an unknown name (``"digits"`` is accepted; it needs no files).
     """
-    key = _check_name(name)
+    key = check_name(name)
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser() / key
@@ -170,30 +170,3 @@ def default_data_dir(name: str) -> Path:
         if d.is_dir():
             return d
     return cands[-1]
-
-
-def load_dataset(name: str, path: str | os.PathLike | None = None, *, download: bool = False) -> Dataset:
-    """Load a dataset by name: ``"digits"``, ``"mnist"`` or ``"fashion-mnist"``.
-
-    ``path`` and ``download`` apply to the IDX datasets (see :func:`mlpinterp.data.idx.load_mnist`);
-    digits is bundled with scikit-learn and uses its documented default split
-    (:func:`mlpinterp.data.digits.load_digits`), so ``path`` must be ``None`` for it.
-
-    Raises
-    ------
-    ValueError
-        Unknown name, or a ``path`` given for digits; any error of the underlying loader.
-    FileNotFoundError
-        IDX files missing and ``download=False``.
-    """
-    key = _check_name(name)
-    if key == "digits":
-        if path is not None:
-            raise ValueError("path must be None for 'digits' (bundled with scikit-learn)")
-        from mlpinterp.data.digits import load_digits
-
-        return load_digits()
-    from mlpinterp.data.idx import load_fashion_mnist, load_mnist
-
-    loader = load_mnist if key == "mnist" else load_fashion_mnist
-    return loader(path, download=download)

@@ -418,9 +418,9 @@ def check_sae_site(model, site, sae, ids) -> None:
 def _sae_alignment(model, site, sae_dir: str, cap: Capture, npz: Path) -> dict:
     """Top eigen-features of the recommended degree-2 approximant against the SAE's decoder directions."""
     from mlpinterp.ffn.features import sae_alignment
-    from mlpinterp.sae.topk import TopKSae
+    from mlpinterp.sae.io import load_sae
 
-    sae = TopKSae.load(sae_dir)
+    sae = load_sae(sae_dir)
     check_sae_site(model, site, sae, cap.heldout_ids[:2])
     V = np.load(npz)["eigenvectors"][0]  # [d_in, n_eigen] along the top output direction
     res = sae_alignment(V, sae.W_dec.detach().double().cpu().numpy())

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from mlpinterp.gaussian.activations import Activation, get_activation
+from mlpinterp.gaussian.activations import Activation, get_activation, register_module_resolver
 
 __all__ = [
     "GRID_TOLERANCE",
@@ -229,7 +229,7 @@ def module_activation(module) -> Activation:
 
 def object_activation(obj) -> Activation:
     """The named activation ``obj`` computes if it is a known module or function (verified on the grid), else
-    :func:`~mlpinterp.gaussian.activations.get_activation`'s wrapping of it (used by ``MLP/GLU.from_module``, where
+    :func:`~mlpinterp.gaussian.activations.get_activation`'s wrapping of it (used by ``from_module``, where
     a user's own elementwise callable is allowed: its Gaussian integrals then use quadrature)."""
     name = _candidate(obj)
     if name is not None:
@@ -237,3 +237,6 @@ def object_activation(obj) -> Activation:
         if max_discrepancy(act, obj) <= GRID_TOLERANCE:
             return act
     return get_activation(obj)
+
+
+register_module_resolver("transformers.", module_activation)

@@ -123,7 +123,7 @@ def resolve_path(model, path: str):
         raise TypeError(f"path must be a dotted module path (str) such as 'h.3.mlp', got {type(path).__name__}")
     if not path.strip():
         raise ValueError("path must be a non-empty dotted module path such as 'h.3.mlp' (see ffn_paths(model)); for "
-                         "a module that is itself the FFN use mlpinterp.MLP.from_module / GLU.from_module")
+                         "a module that is itself the FFN use mlpinterp.from_module")
     for cand in _candidates(model, path):
         try:
             mod = model.get_submodule(cand)

@@ -280,6 +280,47 @@ def _looked_for(layouts) -> str:
     return ", ".join("/".join(lay.projections) for lay in layouts)
 
 
+def from_module(module, activation=None, *, gated: bool | None = None) -> MLP | GLU:
+    """An exact float64 ``MLP`` or ``GLU`` from a user's torch module.
+
+    Accepted forms: ``nn.Sequential(nn.Linear, activation module, nn.Linear)`` (an ``MLP``), or a module with
+    named parts (:data:`LAYOUTS`): plain ``fc1``/``fc2``, ``c_fc``/``c_proj`` (``nn.Linear`` or transformers
+    ``Conv1D``), ``dense_h_to_4h``/``dense_4h_to_h``, ``fc_in``/``fc_out``, ``wi``/``wo``; gated
+    ``gate_proj``/``up_proj``/``down_proj`` (Llama-style), ``w1``/``w3``/``w2`` (Mixtral-style: w1 gate, w3 up, w2
+    down), ``wi_0``/``wi_1``/``wo`` (T5 gated), ``gate_up_proj``/``down_proj`` (Phi-3, fused [gate; up]); biases kept
+    when present. ``gated=None`` takes a ``GLU`` when the module has a gated layout's parts, else an ``MLP``;
+    ``True`` / ``False`` ask for one kind. The activation is ``activation`` (name, Activation, module or callable)
+    or the module's ``act_fn``/``act``/``activation_fn``/``activation`` attribute. The import is checked against
+    the module's forward (or, if the module holds more than the FFN, against its parts). For a block inside a
+    Hugging Face model use :func:`~mlpinterp.hf.blocks.from_hf`.
+
+    Raises:
+        TypeError: ``module`` is neither form (the message lists the names looked for), or ``gated`` is not a
+            bool or None.
+        ValueError: quantised / meta weights or a forward that disagrees with the imported network.
+    """
+    import torch.nn as nn
+
+    from mlpinterp.gaussian.activations import get_activation
+
+    if gated is not None and not isinstance(gated, bool):
+        raise TypeError(f"gated must be True, False or None, got {gated!r}")
+    if not gated:
+        mods = list(module.children()) if isinstance(module, nn.Sequential) else []
+        if len(mods) == 3 and isinstance(mods[0], nn.Linear) and isinstance(mods[2], nn.Linear):
+            l1, act, l2 = mods
+
+            def b(layer):
+                return layer.bias if layer.bias is not None else np.zeros(layer.out_features)
+
+            return MLP(l1.weight, b(l1), l2.weight, b(l2), get_activation(act if activation is None else activation))
+    if gated is None:
+        glu_parts = isinstance(module, nn.Module) and match_layout(
+            module, [lay for lay in LAYOUTS if lay.gated], need_act=False) is not None
+        gated = bool(glu_parts)
+    return network_from_module(module, activation, gated=gated)
+
+
 def network_from_module(module, activation=None, gated: bool = False) -> MLP | GLU:
     """``MLP`` (``gated=False``) or ``GLU`` from a user's module with named parts (see :data:`LAYOUTS`).
 
@@ -291,7 +332,7 @@ def network_from_module(module, activation=None, gated: bool = False) -> MLP | G
 
     Raises:
         TypeError: no layout of the requested kind matches (the message lists the child names looked for and
-            found, and points to the other ``from_module`` when the module has the other kind's parts).
+            found, and names the other ``gated`` value when the module has the other kind's parts).
         ValueError: quantised / meta weights, mismatched shapes, or a forward that disagrees with the import.
     """
     import torch
@@ -301,17 +342,17 @@ def network_from_module(module, activation=None, gated: bool = False) -> MLP | G
     kind = [lay for lay in LAYOUTS if lay.gated == gated]
     layout = match_layout(module, kind, need_act=activation is None) if isinstance(module, torch.nn.Module) else None
     if layout is None:
-        name = "GLU" if gated else "MLP"
+        name = f"from_module(gated={gated})"
         children = [n for n, _ in module.named_children()] if isinstance(module, torch.nn.Module) else []
         other = [lay for lay in LAYOUTS if lay.gated != gated]
         hint = ""
         if isinstance(module, torch.nn.Module) and match_layout(module, other, need_act=False) is not None:
-            hint = f"; it has the parts of a {'plain' if gated else 'gated'} FFN: use {'MLP' if gated else 'GLU'}.from_module"
+            hint = f"; it has the parts of a {'plain' if gated else 'gated'} FFN: pass gated={not gated}"
         elif isinstance(module, torch.nn.Module) and match_layout(module, kind, need_act=False) is not None:
             hint = f"; its projections were found but no activation: pass activation=... or set one of {', '.join(ACT_ATTRS)}"
         seq = "nn.Sequential(nn.Linear, <activation>, nn.Linear) or " if not gated else ""
         raise TypeError(
-            f"{name}.from_module: module must be {seq}a module with child projections {_looked_for(kind)} "
+            f"{name}: module must be {seq}a module with child projections {_looked_for(kind)} "
             f"(nn.Linear or transformers Conv1D; {'gate, up, down' if gated else 'in, out'}) and an activation "
             f"attribute {'/'.join(ACT_ATTRS)} or activation=...; got {type(module).__name__} with children "
             f"{children}{hint}"

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = ["ACTIVATION_NAMES", "Activation", "get_activation"]
+__all__ = ["ACTIVATION_NAMES", "Activation", "get_activation", "register_module_resolver"]
 
 ACTIVATION_NAMES: tuple[str, ...] = (
     "identity",
@@ -242,6 +242,24 @@ def _from_name(name: str) -> Activation:
     return _named(key)
 
 
+_MODULE_RESOLVERS: dict[str, Callable] = {}
+
+
+def register_module_resolver(module_prefix: str, resolve: Callable) -> None:
+    """Route torch modules whose class is defined under ``module_prefix`` to ``resolve(module) -> Activation``.
+
+    The registry knows ``torch.nn`` only; a package above it that imports another library's activation modules
+    registers its resolver here when it is imported (so the registry imports nothing above it).
+
+    Raises ``TypeError`` unless ``module_prefix`` is a non-empty str and ``resolve`` is callable.
+    """
+    if not isinstance(module_prefix, str) or not module_prefix:
+        raise TypeError(f"module_prefix must be a non-empty str, got {module_prefix!r}")
+    if not callable(resolve):
+        raise TypeError(f"resolve must be callable, got {type(resolve).__name__}")
+    _MODULE_RESOLVERS[module_prefix] = resolve
+
+
 def _from_module(module) -> Activation:
     """Map a ``torch.nn`` activation module to a named Activation, or wrap it."""
     import torch
@@ -265,10 +283,9 @@ def _from_module(module) -> Activation:
         return _named("softplus")
     if isinstance(module, nn.ELU) and float(module.alpha) == 1.0:
         return _named("elu")
-    if type(module).__module__.startswith("transformers."):  # GELUActivation, NewGELUActivation, QuickGELU...
-        from mlpinterp.ffn.activation import module_activation
-
-        return module_activation(module)
+    for prefix, resolve in _MODULE_RESOLVERS.items():
+        if type(module).__module__.startswith(prefix):
+            return resolve(module)
     kinks = _module_kinks(module)
     # a float64 copy: parametric modules (PReLU) kept in float32 would reject float64 inputs
     import copy
@@ -402,10 +419,10 @@ def get_activation(act: str | Activation | Callable) -> Activation:
             map to the named activations; the other elementwise modules ``ELU``, ``CELU``, ``SELU``,
             ``Hardtanh``, ``ReLU6``, ``Threshold``, ``Hardshrink``, ``Softshrink``, ``Hardswish``,
             ``Hardsigmoid``, ``PReLU(num_parameters=1)``, ``Softplus``, ``Mish``, ``Softsign``, ``Tanhshrink``,
-            ``LogSigmoid`` are wrapped (float64 copy) with their kinks/jumps declared; Hugging Face activation
-            modules (``GELUActivation``, ``NewGELUActivation``, ``QuickGELUActivation``, ...) map to the named
-            activations after a numerical check (:func:`mlpinterp.ffn.activation.module_activation`); any other
-            module, e.g. ``Softmax`` or ``LayerNorm``, is refused), or a callable mapping numpy float arrays elementwise
+            ``LogSigmoid`` are wrapped (float64 copy) with their kinks/jumps declared; modules of another
+            library go to the resolver registered for it (:func:`register_module_resolver`; importing
+            :mod:`mlpinterp.hf` registers the Hugging Face ones, verified numerically); any other module, e.g.
+            ``Softmax`` or ``LayerNorm``, is refused), or a callable mapping numpy float arrays elementwise
             (wrapped; probed for elementwise behaviour; its ``torch_fn`` goes through numpy and is not
             differentiable; it has no declared kinks - build an :class:`Activation` yourself to declare them).
 

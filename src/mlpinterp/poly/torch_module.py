@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
-
 
 def _hermite_stack(z: torch.Tensor, n: int) -> torch.Tensor:
     """He_0..He_n of ``z`` stacked on a new last axis (three-term recurrence)."""
@@ -21,7 +19,8 @@ def _hermite_stack(z: torch.Tensor, n: int) -> torch.Tensor:
 class RidgePolynomialModule(nn.Module):
     """``RidgePolynomial`` as a module: ``[batch, d_in] -> [batch, d_out]`` (buffers, no parameters)."""
 
-    def __init__(self, p: RidgePolynomial):
+    def __init__(self, p):
+        """``p``: a :class:`~mlpinterp.poly.approximant.RidgePolynomial` (its ``state()`` arrays become buffers)."""
         super().__init__()
         for k, v in p.state().items():
             self.register_buffer(k, torch.from_numpy(v.copy()))
@@ -40,7 +39,8 @@ class RidgePolynomialModule(nn.Module):
 class DensePolynomialModule(nn.Module):
     """``DensePolynomial`` as a module: ``[batch, d_in] -> [batch, d_out]``."""
 
-    def __init__(self, p: DensePolynomial):
+    def __init__(self, p):
+        """``p``: a :class:`~mlpinterp.poly.approximant.DensePolynomial` (its coefficient tensors become buffers)."""
         super().__init__()
         self.degree = p.degree
         for k, T in enumerate(p.tensors):

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from mlpinterp.sae.io import check_provenance
+from mlpinterp.sae.io import check_provenance, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
@@ -636,7 +636,7 @@ class MfrTrainer:
         tensors: dict[str, Tensor] = {"window_counts": self.window_counts, "since_fired": self.since_fired}
         for local, (sae, opt) in enumerate(zip(self.saes, self.opts, strict=True)):
             i = self.owned[local]
-            sae.save(directory / f"sae_{i}")
+            save_sae(sae, directory / f"sae_{i}")
             for k, v in sae.state_dict().items():
                 tensors[f"sae{i}.param.{k}"] = v
             names = {id(p): n for n, p in sae.named_parameters()}

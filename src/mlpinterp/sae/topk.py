@@ -20,7 +20,7 @@ Input normalisation (``input_scale = s``, e.g. ``sqrt(d_in) / E||x||`` estimated
 computes on ``s x`` and returns ``x_hat / s``, so every output and metric (``sae_out``, ``fvu``, ``mse``) is in the
 original units of ``x``; only latent activations and the parameters live in the normalised space.
 
-Artefacts: ``sae.safetensors`` + ``cfg.json`` (sparsify layout, :meth:`TopKSae.save`) or
+Artefacts: ``sae.safetensors`` + ``cfg.json`` (sparsify layout, :func:`mlpinterp.sae.io.save_sae`) or
 ``sae_weights.safetensors`` + ``cfg.json`` (SAELens layout, ``layout="saelens"``); :mod:`mlpinterp.sae.io`
 writes and reads both, with the model name, hook point, dtype, normalisation and a hash of the weights.
 """
@@ -28,11 +28,9 @@ writes and reads both, with the model name, hook point, dtype, normalisation and
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -405,19 +403,3 @@ class TopKSae(nn.Module):
                 e_var = _total_variance(e.detach(), reduce_stats)
                 auxk = scale * (e_hat - e.detach()).pow(2).sum() / e_var.clamp_min(tiny)
         return ForwardOutput(sae_out, enc.top_acts, enc.top_indices, fvu, mse, auxk)
-
-    # ------------------------------------------------------------------ I/O
-    def save(self, path: str | os.PathLike, layout: Literal["sparsify", "saelens"] = "sparsify",
-             extra_cfg: dict | None = None) -> Path:
-        """Write the SAE to directory ``path`` atomically and return it (see :func:`mlpinterp.sae.io.save_sae`)."""
-        from mlpinterp.sae.io import save_sae
-
-        return save_sae(self, path, layout=layout, extra_cfg=extra_cfg)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu", *,
-             verify_hash: bool = True) -> TopKSae:
-        """Load an SAE written by :meth:`save`, by sparsify or by SAELens (see :func:`mlpinterp.sae.io.load_sae`)."""
-        from mlpinterp.sae.io import load_sae
-
-        return load_sae(path, device=device, verify_hash=verify_hash)
