@@ -39,10 +39,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import mlpinterp as mi
-    from mlpinterp.ffn import ffn_paths, ffn_site
     from mlpinterp.ffn.capture import capture_ffn_inputs
     from mlpinterp.ffn.config import CaptureConfig
     from mlpinterp.ffn.input_models import fit_gaussian
+    from mlpinterp.hf import ffn_paths, ffn_site
     from mlpinterp.lm.models import load_model
     from mlpinterp.poly.metrics import fvu_from_outputs
 

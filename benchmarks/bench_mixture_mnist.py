@@ -30,7 +30,7 @@ def train_mlp(data, d_hidden: int = 256, steps: int = 400, seed: int = 0):
     import numpy as np
     import torch
 
-    from mlpinterp.ffn.layouts import from_module
+    from mlpinterp.hf.layouts import from_module
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(data.d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, 10))

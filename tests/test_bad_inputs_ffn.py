@@ -71,7 +71,7 @@ def _ids(n=4, ctx=16):
 
 
 def test_from_hf_complex_weights_are_not_called_quantised():
-    from mlpinterp.ffn.blocks import ffn_site
+    from mlpinterp.hf.blocks import ffn_site
 
     model = tiny_gpt2()
     model.transformer.h[0].mlp.c_fc.to(torch.complex64)
@@ -132,7 +132,7 @@ def test_capture_input_that_is_not_one_vector_per_token(bert):
 
 def test_capture_opt_flattened_ffn_input_equals_the_blocks_input():
     """OPT flattens tokens before its FFN ([batch * seq, d]); before the fix the capture raised IndexError."""
-    from mlpinterp.ffn.blocks import ffn_paths, ffn_site
+    from mlpinterp.hf.blocks import ffn_paths, ffn_site
 
     torch.manual_seed(0)
     opt = transformers.OPTForCausalLM(transformers.OPTConfig(

@@ -17,7 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import mlpinterp as mi  # noqa: E402
-from mlpinterp.ffn.activation import HF_ACTIVATION_NAMES  # noqa: E402
+from mlpinterp.hf.activation import HF_ACTIVATION_NAMES  # noqa: E402
 
 D, H, VOCAB, LAYER = 16, 24, 50, 1
 TOL = 1e-10

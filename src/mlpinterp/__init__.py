@@ -30,11 +30,11 @@ _EXPORTS = {
     "linear_svd": "mlpinterp.poly.spectral",
     "ablate": "mlpinterp.poly.spectral",
     "get_activation": "mlpinterp.gaussian.activations",
-    "from_hf": "mlpinterp.ffn.blocks",
-    "ffn_site": "mlpinterp.ffn.blocks",
-    "ffn_paths": "mlpinterp.ffn.blocks",
-    "FFNSite": "mlpinterp.ffn.blocks",
-    "from_module": "mlpinterp.ffn.layouts",
+    "from_hf": "mlpinterp.hf.blocks",
+    "ffn_site": "mlpinterp.hf.blocks",
+    "ffn_paths": "mlpinterp.hf.blocks",
+    "FFNSite": "mlpinterp.hf.blocks",
+    "from_module": "mlpinterp.hf.layouts",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -274,7 +274,7 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
                     texts: list[str] | None = None) -> dict:
     """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
     from mlpinterp.experiments.transformer_report import write_transformer_report
-    from mlpinterp.ffn.blocks import ffn_paths, ffn_site
+    from mlpinterp.hf.blocks import ffn_paths, ffn_site
     from mlpinterp.lm.models import load_model, model_digest
     from mlpinterp.lm.text import read_texts, texts_digest
 

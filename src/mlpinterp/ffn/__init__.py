@@ -1,10 +1,6 @@
 """Function space on real transformers: exact polynomial approximants of Hugging Face FFN blocks.
 
-Import (Hugging Face modules -> exact float64 ``MLP`` / ``GLU``):
-
-* :mod:`~mlpinterp.ffn.blocks`      ``ffn_site`` / ``from_hf`` / ``ffn_paths``: paths, families, hook modules
-* :mod:`~mlpinterp.ffn.layouts`     naming conventions of FFN blocks, weight reading, the forward self-check
-* :mod:`~mlpinterp.ffn.activation`  Hugging Face activation names/classes -> verified registry activations
+Import (Hugging Face modules -> exact float64 ``MLP`` / ``GLU``): :mod:`mlpinterp.hf`.
 
 Analysis on real activations:
 
@@ -18,6 +14,3 @@ Analysis on real activations:
 * :mod:`~mlpinterp.ffn.features`     eigen-features along the block's top output directions, unembedding, SAEs
 """
 
-from mlpinterp.ffn.blocks import FFNSite, ffn_paths, ffn_site, from_hf
-
-__all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]

@@ -1,6 +1,6 @@
 """The real inputs of a transformer's FFN blocks, captured from text in one forward pass per batch.
 
-For each FFN block (an :class:`~mlpinterp.ffn.blocks.FFNSite`) the tensor read is the one the block receives:
+For each FFN block (an :class:`~mlpinterp.hf.blocks.FFNSite`) the tensor read is the one the block receives:
 the first argument of its ``input_module`` (for post-LN BERT the attention output after its LayerNorm; for pre-LN
 GPT-2 / Llama the output of the block's LayerNorm). One forward pass feeds every requested block; it stops right
 after the deepest one.
@@ -182,8 +182,8 @@ def split_passages(n_chunks: int, file_of_chunk: np.ndarray, cfg: CaptureConfig)
 
 def _ffn_input_modules(model) -> list[str]:
     """The input module (first projection) of every FFN block of ``model``, for messages."""
-    from mlpinterp.ffn.blocks import ffn_paths
-    from mlpinterp.ffn.layouts import match_layout
+    from mlpinterp.hf.blocks import ffn_paths
+    from mlpinterp.hf.layouts import match_layout
 
     out = []
     for p in ffn_paths(model):
@@ -240,7 +240,7 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
         (dropout off) for the capture, whatever mode it is in (:func:`mlpinterp.lm.hooks.eval_mode`).
     tokenizer : its tokenizer.
     input_modules : e.g. ``{"encoder.layer.3": "encoder.layer.3.intermediate.dense"}``
-        (:attr:`~mlpinterp.ffn.blocks.FFNSite.input_module` of each block).
+        (:attr:`~mlpinterp.hf.blocks.FFNSite.input_module` of each block).
     cfg : :class:`CaptureConfig`.
     texts : documents (default: the bundled corpora, :func:`mlpinterp.lm.text.read_texts`).
     quiet : no progress bar.

@@ -3,9 +3,9 @@
 ``ffn_site(model, path)`` finds the block at ``path`` (the dotted module path as users write it, with or without
 the wrapper prefix: ``h.3.mlp`` and ``transformer.h.3.mlp`` on ``GPT2LMHeadModel``; ``encoder.layer.3`` and
 ``bert.encoder.layer.3`` on a ``BertFor...`` model), recognises its naming convention
-(:data:`mlpinterp.ffn.layouts.LAYOUTS`), reads the weights, resolves and verifies the activation
-(:mod:`mlpinterp.ffn.activation`) and checks the imported network against the block itself
-(:func:`mlpinterp.ffn.layouts.check_forward`). Paths per family:
+(:data:`mlpinterp.hf.layouts.LAYOUTS`), reads the weights, resolves and verifies the activation
+(:mod:`mlpinterp.hf.activation`) and checks the imported network against the block itself
+(:func:`mlpinterp.hf.layouts.check_forward`). Paths per family:
 
 ========================= ======================================== ============================================
 family                    path                                     FFN f(x)
@@ -38,8 +38,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from mlpinterp.ffn.activation import resolve_activation
-from mlpinterp.ffn.layouts import ACT_ATTRS, LAYOUTS, Layout, _get, check_forward, find_act, match_layout, read_network
+from mlpinterp.hf.activation import resolve_activation
+from mlpinterp.hf.layouts import ACT_ATTRS, LAYOUTS, Layout, _get, check_forward, find_act, match_layout, read_network
 from mlpinterp.networks import GLU, MLP
 
 __all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]

@@ -54,7 +54,7 @@ class Layout:
     """One naming convention of an FFN block's parts (dotted child paths relative to the block)."""
 
     family: str
-    """Convention name reported in :class:`~mlpinterp.ffn.blocks.FFNSite` (``"llama"`` also for Qwen2, ...)."""
+    """Convention name reported in :class:`~mlpinterp.hf.blocks.FFNSite` (``"llama"`` also for Qwen2, ...)."""
     up: str
     """MLP: the first projection W1; GLU: the linear branch V (``Phi-3``: the fused [gate; up] projection)."""
     down: str
@@ -326,7 +326,7 @@ def network_from_module(module, activation=None, gated: bool = False) -> MLP | G
 
     The activation is ``activation`` if given (name, Activation, module or callable), else the module's
     ``act_fn`` / ``act`` / ``activation_fn`` / ``activation`` attribute (module or callable) through
-    :func:`~mlpinterp.ffn.activation.object_activation` (known modules and functions by name, verified; other callables
+    :func:`~mlpinterp.hf.activation.object_activation` (known modules and functions by name, verified; other callables
     wrapped). The result is checked against the module's own forward
     when the module holds nothing but the FFN's parts (:func:`check_forward`), else against its parts.
 
@@ -337,7 +337,7 @@ def network_from_module(module, activation=None, gated: bool = False) -> MLP | G
     """
     import torch
 
-    from mlpinterp.ffn.activation import object_activation
+    from mlpinterp.hf.activation import object_activation
 
     kind = [lay for lay in LAYOUTS if lay.gated == gated]
     layout = match_layout(module, kind, need_act=activation is None) if isinstance(module, torch.nn.Module) else None
