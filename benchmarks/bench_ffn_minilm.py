@@ -39,10 +39,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import mlpinterp as mi
-    from mlpinterp.ffn.capture import capture_ffn_inputs
-    from mlpinterp.ffn.config import CaptureConfig
-    from mlpinterp.ffn.input_models import fit_gaussian
     from mlpinterp.hf import ffn_paths, ffn_site
+    from mlpinterp.lm.capture import capture_ffn_inputs
+    from mlpinterp.lm.capture_config import CaptureConfig
+    from mlpinterp.lm.input_models import fit_gaussian
     from mlpinterp.lm.models import load_model
     from mlpinterp.poly.metrics import fvu_from_outputs
 
@@ -79,11 +79,11 @@ def main() -> None:
     if args.skip_extras:
         return
 
-    from mlpinterp.ffn.config import HybridConfig
-    from mlpinterp.ffn.hybrid import finetune
-    from mlpinterp.ffn.input_models import fit_mixture
-    from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
-    from mlpinterp.ffn.readout import Readout, RidgeBasis
+    from mlpinterp.lm.input_models import fit_mixture
+    from mlpinterp.poly.finetune_config import HybridConfig
+    from mlpinterp.poly.projection import normal_equations, project_on_data, solve_projection
+    from mlpinterp.poly.readout import Readout, RidgeBasis
+    from mlpinterp.poly.readout_finetune import finetune
 
     p0 = paths[0]
     s, b = sites[p0], cap.blocks[p0]
@@ -99,7 +99,7 @@ def main() -> None:
     mix, _ = fit_mixture(X, 8, 20_000, seed=0)
     t_em = time.perf_counter() - t0
     try:
-        from mlpinterp.ffn.mixture_moments import mixture_normal_equations
+        from mlpinterp.poly.mixture.readout_moments import mixture_normal_equations
 
         t0 = time.perf_counter()
         neq = mixture_normal_equations(s.network, basis, mix, 3)

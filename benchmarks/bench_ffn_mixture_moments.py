@@ -43,9 +43,9 @@ def main() -> None:
     import numpy as np
 
     from mlpinterp import GLU, MLP, GaussianMixture, fit_polynomial
-    from mlpinterp.ffn.mixture_moments import mixture_normal_equations
-    from mlpinterp.ffn.projection import normal_equations, solve_projection
-    from mlpinterp.ffn.readout import RidgeBasis
+    from mlpinterp.poly.mixture.readout_moments import mixture_normal_equations
+    from mlpinterp.poly.projection import normal_equations, solve_projection
+    from mlpinterp.poly.readout import RidgeBasis
 
     d, h, K = (96, 384, 8) if args.quick else (384, 1536, 8)
     rng = np.random.default_rng(0)

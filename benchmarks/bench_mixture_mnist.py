@@ -77,7 +77,7 @@ def main() -> None:
     from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
     from mlpinterp.poly.fit import fit_polynomial
     from mlpinterp.poly.mixture.exact import fit_mixture
-    from mlpinterp.poly.mixture.hybrid import _poly_forward, fit_sgd
+    from mlpinterp.poly.mixture.sgd import _poly_forward, fit_sgd
 
     res: dict = {"threads": args.threads, "load_average_start": os.getloadavg()}
     data = load_mnist()

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 import mlpinterp as mi
-from mlpinterp.ffn.capture import Moments, capture_ffn_inputs
-from mlpinterp.ffn.config import CaptureConfig, HybridConfig
-from mlpinterp.ffn.diagnostics import gaussianity
-from mlpinterp.ffn.features import output_directions, sae_alignment, unembedding_tokens
-from mlpinterp.ffn.hybrid import finetune
-from mlpinterp.ffn.input_models import fit_gaussian, fit_mixture
-from mlpinterp.ffn.projection import NormalEquations, normal_equations, project_on_data, solve_projection
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.lm.capture import Moments, capture_ffn_inputs
+from mlpinterp.lm.capture_config import CaptureConfig
+from mlpinterp.lm.features import output_directions, sae_alignment, unembedding_tokens
+from mlpinterp.lm.gaussianity import gaussianity
+from mlpinterp.lm.input_models import fit_gaussian, fit_mixture
+from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.projection import NormalEquations, normal_equations, project_on_data, solve_projection
+from mlpinterp.poly.readout import Readout, RidgeBasis
+from mlpinterp.poly.readout_finetune import finetune
 from mlpinterp.poly.spectral import quadratic_forms
 
 transformers = pytest.importorskip("transformers")

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import mlpinterp as mi
-from mlpinterp.ffn.config import HybridConfig
-from mlpinterp.ffn.diagnostics import gaussianity
-from mlpinterp.ffn.features import eigen_features, output_directions, sae_alignment, unembedding_tokens
-from mlpinterp.ffn.hybrid import ReadoutModule, finetune
-from mlpinterp.ffn.projection import project_on_data
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.lm.features import eigen_features, output_directions, sae_alignment, unembedding_tokens
+from mlpinterp.lm.gaussianity import gaussianity
+from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.projection import project_on_data
+from mlpinterp.poly.readout import Readout, RidgeBasis
+from mlpinterp.poly.readout_finetune import ReadoutModule, finetune
 from mlpinterp.poly.spectral import quadratic_forms
 
 D, H, O = 6, 9, 4
@@ -182,8 +182,8 @@ def test_splicing_the_exact_block_back_recovers_the_clean_output():
 def test_input_models_against_scikit_learn_and_known_laws():
     from sklearn.covariance import LedoitWolf
 
-    from mlpinterp.ffn.capture import Moments
-    from mlpinterp.ffn.input_models import fit_gaussian, fit_mixture
+    from mlpinterp.lm.capture import Moments
+    from mlpinterp.lm.input_models import fit_gaussian, fit_mixture
 
     rng = np.random.default_rng(5)
     X = rng.standard_normal((4000, 6)) @ rng.standard_normal((6, 6)) + 3.0

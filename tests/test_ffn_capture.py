@@ -10,8 +10,8 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from mlpinterp.ffn.capture import Moments, capture_ffn_inputs, split_passages  # noqa: E402
-from mlpinterp.ffn.config import CaptureConfig  # noqa: E402
+from mlpinterp.lm.capture import Moments, capture_ffn_inputs, split_passages  # noqa: E402
+from mlpinterp.lm.capture_config import CaptureConfig  # noqa: E402
 from mlpinterp.lm.hooks import hook_activations  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
 from tests.gloo import run_forked  # noqa: E402

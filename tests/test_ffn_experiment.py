@@ -14,7 +14,8 @@ from typer.testing import CliRunner  # noqa: E402
 from mlpinterp.cli.main import app  # noqa: E402
 from mlpinterp.experiments.transformer import run_transformer  # noqa: E402
 from mlpinterp.experiments.transformer_config import TransformerExperiment  # noqa: E402
-from mlpinterp.ffn.config import CaptureConfig, HybridConfig  # noqa: E402
+from mlpinterp.lm.capture_config import CaptureConfig
+from mlpinterp.poly.finetune_config import HybridConfig  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tiny_llama, tokenizer  # noqa: E402
 
 

@@ -17,10 +17,10 @@ import pytest
 from scipy import integrate
 
 from mlpinterp import GLU, MLP, Gaussian, GaussianMixture, fit_polynomial, fvu
-from mlpinterp.ffn.mixture_moments import mixture_normal_equations
-from mlpinterp.ffn.output_moments import hidden_moments
-from mlpinterp.ffn.projection import solve_projection
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.poly.mixture.readout_moments import mixture_normal_equations
+from mlpinterp.poly.output_moments import hidden_moments
+from mlpinterp.poly.projection import solve_projection
+from mlpinterp.poly.readout import Readout, RidgeBasis
 
 
 def _net(kind: str, act: str, d: int, h: int, o: int, seed: int):

@@ -14,8 +14,8 @@ import pytest
 from numpy.polynomial.hermite_e import hermeval
 
 import mlpinterp as mi
-from mlpinterp.ffn.projection import normal_equations, project_on_data, solve_projection
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.poly.projection import normal_equations, project_on_data, solve_projection
+from mlpinterp.poly.readout import Readout, RidgeBasis
 from tests.gloo import run_forked
 
 D, H, O = 5, 7, 3

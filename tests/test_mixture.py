@@ -16,8 +16,8 @@ import torch
 
 from mlpinterp import GLU, MLP, Gaussian, GaussianMixture, fit_polynomial
 from mlpinterp.poly.mixture.exact import fit_mixture
-from mlpinterp.poly.mixture.hybrid import fit_sgd
 from mlpinterp.poly.mixture.moment_dense import MAX_DENSE_FEATURES, moment_table
+from mlpinterp.poly.mixture.sgd import fit_sgd
 from mlpinterp.poly.ridge import fit_ridge
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 

@@ -10,11 +10,11 @@ Input models (``input_models``):
   under it (Rigg & Belrose 2025, eq. 2), its exact FVU under the Gaussian (MLP blocks; Monte Carlo for GLUs).
 * ``mixture``: a scikit-learn ``GaussianMixture`` (K full covariances, seeded) fitted to the fit tokens; degree 1
   is the exact optimum under the mixture (law of total covariance); degrees >= 2 are the least-squares projection
-  onto the block's ridge family under the mixture (:mod:`mlpinterp.ffn.readout`).
+  onto the block's ridge family under the mixture (:mod:`mlpinterp.poly.readout`).
 * ``data``: the exact least-squares projection onto the ridge family under the empirical law of the fit tokens
-  (:mod:`mlpinterp.ffn.projection`); degree 1 is the affine OLS baseline.
+  (:mod:`mlpinterp.poly.projection`); degree 1 is the affine OLS baseline.
 * ``hybrid``: the paper's remedy (closed form, then schedule-free fine-tuning of every factor on the fit tokens;
-  :mod:`mlpinterp.ffn.hybrid`).
+  :mod:`mlpinterp.poly.readout_finetune`).
 
 Layout of ``out``::
 
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from mlpinterp.experiments.transformer_config import ADDED_FIELDS, TransformerExperiment
-from mlpinterp.ffn.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
+from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
 from mlpinterp.utils.validation import config_diff
 
@@ -160,13 +160,13 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
     approximant (``RidgePolynomial`` or ``DensePolynomial``).
     """
     import mlpinterp as mi
-    from mlpinterp.ffn.diagnostics import gaussianity
-    from mlpinterp.ffn.hybrid import finetune
-    from mlpinterp.ffn.input_models import fit_gaussian, fit_mixture
-    from mlpinterp.ffn.mixture_moments import mixture_normal_equations
-    from mlpinterp.ffn.projection import project_on_data, solve_projection
-    from mlpinterp.ffn.readout import Readout, RidgeBasis
+    from mlpinterp.lm.gaussianity import gaussianity
+    from mlpinterp.lm.input_models import fit_gaussian, fit_mixture
     from mlpinterp.networks import MLP
+    from mlpinterp.poly.mixture.readout_moments import mixture_normal_equations
+    from mlpinterp.poly.projection import project_on_data, solve_projection
+    from mlpinterp.poly.readout import Readout, RidgeBasis
+    from mlpinterp.poly.readout_finetune import finetune
 
     clock = _Clock()
     X_all = block.fit.double().numpy()
@@ -373,7 +373,7 @@ def _splice(model, tok, site, approx: dict, cap: Capture, exp: TransformerExperi
 
 def _features(model, tok, site, p, block: BlockCapture, path: Path, exp: TransformerExperiment) -> dict | None:
     """Eigen-features of the degree-2 approximant along the block's top output directions (saved as npz)."""
-    from mlpinterp.ffn.features import eigen_features, output_directions, unembedding_tokens
+    from mlpinterp.lm.features import eigen_features, output_directions, unembedding_tokens
     from mlpinterp.lm.recovery import is_causal_lm
 
     if p is None:
@@ -417,7 +417,7 @@ def check_sae_site(model, site, sae, ids) -> None:
 
 def _sae_alignment(model, site, sae_dir: str, cap: Capture, npz: Path) -> dict:
     """Top eigen-features of the recommended degree-2 approximant against the SAE's decoder directions."""
-    from mlpinterp.ffn.features import sae_alignment
+    from mlpinterp.lm.features import sae_alignment
     from mlpinterp.sae.io import load_sae
 
     sae = load_sae(sae_dir)

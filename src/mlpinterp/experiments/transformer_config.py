@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlpinterp.ffn.config import CaptureConfig, HybridConfig
+from mlpinterp.lm.capture_config import CaptureConfig
+from mlpinterp.poly.finetune_config import HybridConfig
 from mlpinterp.utils.validation import check_int
 
 INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")

@@ -234,7 +234,7 @@ def check_forward(block, layout: Layout, network: MLP | GLU, where: str, act=Non
     """
     import torch
 
-    from mlpinterp.lm.hooks import eval_mode
+    from mlpinterp.utils.modes import eval_mode
 
     first = _get(block, layout.projections[0])
     dtype, device = first.weight.dtype, first.weight.device

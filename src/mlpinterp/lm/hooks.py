@@ -19,23 +19,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from mlpinterp.utils.modes import eval_mode
 from mlpinterp.utils.validation import check_callable, check_module, check_token_ids
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode (dropout off) for the duration, restoring every submodule's own ``training`` flag afterwards.
-
-    Every reading of a model's activations or outputs runs under it: a model left in train mode would apply
-    dropout, so captures, clean outputs and spliced outputs would differ from run to run.
-    """
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 def resolve_hook_point(model: nn.Module, hook_point: str) -> nn.Module:
@@ -73,7 +58,7 @@ def hook_activations(model: nn.Module, hook_point: str, input_ids: Tensor, atten
     """Run ``model`` on ``input_ids [batch, seq]`` and return the hook point's output ``[batch, seq, d]``.
 
     With ``stop_early`` the forward pass is aborted right after the hook point (later layers are not run). The model
-    runs in eval mode (:func:`eval_mode`). Raises ``TypeError``/``ValueError`` for ids that are not an integer
+    runs in eval mode (:func:`~mlpinterp.utils.modes.eval_mode`). Raises ``TypeError``/``ValueError`` for ids that are not an integer
     ``[batch, seq]`` tensor, lie outside the vocabulary or exceed the model's positions, or a mismatched mask
     (:func:`~mlpinterp.utils.validation.check_token_ids`).
     """

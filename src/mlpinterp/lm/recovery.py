@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mlpinterp.lm.hooks import eval_mode, splice
+from mlpinterp.lm.hooks import splice
+from mlpinterp.utils.modes import eval_mode
 from mlpinterp.utils.validation import check_callable, check_int, check_module, check_real, check_token_ids
 
 
@@ -76,7 +77,7 @@ def lm_loss_recovered(model: nn.Module, hook_point: str, fn: Callable[[Tensor], 
     """Cross-entropy (nats/token) clean, spliced and zero-ablated, and the loss-recovered fraction.
 
     ``fn``: the replacement ``h -> h_hat`` (e.g. :func:`mlpinterp.sae.evaluate.sae_fn`). ``input_ids``: ``[batch, seq]``.
-    The model runs in eval mode (:func:`mlpinterp.lm.hooks.eval_mode`).
+    The model runs in eval mode (:func:`mlpinterp.utils.modes.eval_mode`).
     """
     check_callable(fn, "fn")
     with eval_mode(check_module(model)):

@@ -1,7 +1,7 @@
 """Real text for language-model activations: corpora on disk and token chunks with the model's special tokens.
 
 Used by every consumer of model activations (SAE training in :mod:`mlpinterp.sae`, FFN-block inputs in
-:mod:`mlpinterp.ffn`). Text is tokenised with the model's own tokenizer and cut into chunks of ``ctx_len``
+:mod:`mlpinterp.lm.capture`). Text is tokenised with the model's own tokenizer and cut into chunks of ``ctx_len``
 tokens including the tokenizer's special-token template (``[CLS] ... [SEP]`` for BERT, nothing for GPT-2).
 """
 

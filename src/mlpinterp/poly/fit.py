@@ -84,7 +84,7 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         raise ValueError(f"method must be 'auto', 'ridge' or 'ols' under a Gaussian, got {method!r}")
 
     if method == "sgd":
-        from mlpinterp.poly.mixture.hybrid import fit_sgd
+        from mlpinterp.poly.mixture.sgd import fit_sgd
 
         return fit_sgd(network, distribution, degree, **options)
     if degree <= 1 and method in ("auto", "exact", "dense", "cg"):

@@ -1,7 +1,7 @@
 """Least-squares projection of an FFN block onto its ridge family under the empirical law of real inputs.
 
 Minimises ``sum_i ||f(x_i) - p(x_i)||^2 + lam ||B_nc||^2`` over the ridge family of degree n
-(:mod:`mlpinterp.ffn.readout`) exactly, through the normal equations ``(M + lam I_nc) B = C`` with
+(:mod:`mlpinterp.poly.readout`) exactly, through the normal equations ``(M + lam I_nc) B = C`` with
 ``M = sum_i phi(x_i) phi(x_i)^T`` and ``C = sum_i phi(x_i) f(x_i)^T``: the closed form of what fine-tuning the
 read-out by SGD would converge to (the paper's own remedy for non-Gaussian inputs, Rigg & Belrose 2025,
 Limitations, fine-tunes the closed form on data). ``M`` and ``C`` are sums, so they are all-reduced under
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from mlpinterp.ffn.readout import Readout, RidgeBasis
 from mlpinterp.networks import GLU, MLP, Network
+from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.utils.validation import check_instance, check_int, check_real, check_shape, to_numpy
 
 #: Default ridge: lam = DEFAULT_RIDGE * (mean diagonal of M over the non-constant features); a conditioning guard,

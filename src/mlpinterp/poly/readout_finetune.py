@@ -2,9 +2,9 @@
 
 Rigg & Belrose (2025, arXiv 2502.01032, Limitations and §4) initialise at the closed-form approximant and
 fine-tune it on data. Here the fine-tuning runs in the factored ridge parameterisation
-(:mod:`mlpinterp.ffn.readout`), so degrees 2 and 3 stay tractable at d_in = 384..4096: every parameter moves,
+(:mod:`mlpinterp.poly.readout`), so degrees 2 and 3 stay tractable at d_in = 384..4096: every parameter moves,
 including the neuron directions ``A`` (and the GLU gate-residual directions ``G``), which the exact data projection
-(:mod:`mlpinterp.ffn.projection`) keeps fixed. Optimiser: schedule-free AdamW (Defazio et al. 2024,
+(:mod:`mlpinterp.poly.projection`) keeps fixed. Optimiser: schedule-free AdamW (Defazio et al. 2024,
 ``schedulefree.AdamWScheduleFree``) on the mean squared error normalised by the output variance (the FVU),
 float32, seeded batches of the captured fit activations.
 """
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mlpinterp.ffn.config import HybridConfig
-from mlpinterp.ffn.readout import Readout, RidgeBasis
 from mlpinterp.networks import GLU, MLP, Network
+from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.utils.validation import check_instance, check_shape, to_numpy
 
 

@@ -1,4 +1,5 @@
-"""Configuration of FFN-block analyses (torch-free, so ``--help`` is built from it without importing torch)."""
+"""Configuration of capturing FFN-block inputs from text (torch-free, so ``--help`` is built from it without importing
+torch)."""
 
 from __future__ import annotations
 
@@ -42,34 +43,4 @@ class CaptureConfig:
         if self.heldout_fraction >= 1.0:
             raise ValueError(f"heldout_fraction must be < 1 (something must be left to fit), got {self.heldout_fraction}")
         check_bool(self.exclude_special, "exclude_special")
-        check_int(self.seed, "seed", minimum=0)
-
-
-@dataclass(frozen=True)
-class HybridConfig:
-    """Fine-tuning settings."""
-
-    steps: int = 500
-    """Optimiser steps."""
-
-    batch_size: int = 2048
-    """Fit activations per step."""
-
-    lr: float = 1e-3
-    """Schedule-free AdamW learning rate."""
-
-    warmup_steps: int = 50
-    """Schedule-free warm-up."""
-
-    eval_every: int = 100
-    """Steps between validation FVU evaluations (recorded in the history)."""
-
-    seed: int = 0
-    """Seed of the batches."""
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every"):
-            check_int(getattr(self, name), name, minimum=1)
-        check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        check_real(self.lr, "lr", 0.0, lo_open=True)
         check_int(self.seed, "seed", minimum=0)

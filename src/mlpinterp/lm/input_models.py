@@ -2,15 +2,15 @@
 
 The approximants of Rigg & Belrose (2025) are optimal under an input law; these are the laws a user fits to real
 activations. The third option, the empirical law of the tokens themselves, needs no fitting: see
-:mod:`mlpinterp.ffn.projection`.
+:mod:`mlpinterp.poly.projection`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mlpinterp.ffn.capture import Moments
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
+from mlpinterp.lm.capture import Moments
 from mlpinterp.utils.validation import check_instance, check_int, check_shape, to_numpy
 
 

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mlpinterp.ffn.config import CaptureConfig
-from mlpinterp.lm.hooks import eval_mode, resolve_hook_point
+from mlpinterp.lm.capture_config import CaptureConfig
+from mlpinterp.lm.hooks import resolve_hook_point
 from mlpinterp.lm.text import content_length, read_texts, token_chunks
+from mlpinterp.utils.modes import eval_mode
 from mlpinterp.utils.validation import (
     check_instance,
     check_int,
@@ -237,7 +238,7 @@ def capture_ffn_inputs(model: nn.Module, tokenizer, input_modules: dict[str, str
     Parameters
     ----------
     model : a Hugging Face model (called as ``model(input_ids=..., attention_mask=...)``); it runs in eval mode
-        (dropout off) for the capture, whatever mode it is in (:func:`mlpinterp.lm.hooks.eval_mode`).
+        (dropout off) for the capture, whatever mode it is in (:func:`mlpinterp.utils.modes.eval_mode`).
     tokenizer : its tokenizer.
     input_modules : e.g. ``{"encoder.layer.3": "encoder.layer.3.intermediate.dense"}``
         (:attr:`~mlpinterp.hf.blocks.FFNSite.input_module` of each block).

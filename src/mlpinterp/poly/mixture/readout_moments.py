@@ -1,11 +1,11 @@
 """Exact normal equations of the ridge-family projection under a Gaussian mixture, from weights and moments.
 
-:func:`mixture_normal_equations` returns the :class:`~mlpinterp.ffn.projection.NormalEquations` of the projection of
+:func:`mixture_normal_equations` returns the :class:`~mlpinterp.poly.projection.NormalEquations` of the projection of
 an FFN block ``f`` (MLP or GLU, :mod:`mlpinterp.networks`) onto its degree-n ridge family
-(:mod:`mlpinterp.ffn.readout`) with the sample sums replaced by expectations under a
+(:mod:`mlpinterp.poly.readout`) with the sample sums replaced by expectations under a
 :class:`~mlpinterp.gaussian.distributions.GaussianMixture` ``sum_k pi_k N(m_k, S_k)``: ``M = E[phi phi^T]``,
 ``C = E[phi f^T]``, ``yy = E||f||^2``, ``y1 = E[f]``, ``n = 1``, ``exact = True``. Then
-:func:`~mlpinterp.ffn.projection.solve_projection` gives the least-squares optimal member of the ridge family under
+:func:`~mlpinterp.poly.projection.solve_projection` gives the least-squares optimal member of the ridge family under
 the mixture (the mixture input model's approximant; Rigg & Belrose 2025, arXiv 2502.01032, eq. 2 restricted to the
 ridge family), and its ``fvu`` is the exact FVU under the mixture.
 
@@ -40,7 +40,7 @@ self-contractions). A singular or zero component covariance needs nothing specia
 has fewer columns; a point mass has none).
 
 ``yy`` and ``y1`` are the output moments of the block under each component
-(:func:`~mlpinterp.ffn.output_moments.output_moments`: bivariate Mehler sums with rigorous truncation bounds and
+(:func:`~mlpinterp.poly.output_moments.output_moments`: bivariate Mehler sums with rigorous truncation bounds and
 conditional quadrature where they do not converge).
 
 Cost per component: the slot matrix products (O(d_hidden^2 rank)), then O(patterns) elementwise passes over the
@@ -61,12 +61,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlpinterp.ffn.output_moments import output_moments
-from mlpinterp.ffn.projection import NormalEquations
-from mlpinterp.ffn.readout import RidgeBasis
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.gaussian.univariate import hermite_coefficients
 from mlpinterp.networks import GLU, Network, validate_network
+from mlpinterp.poly.output_moments import output_moments
+from mlpinterp.poly.projection import NormalEquations
+from mlpinterp.poly.readout import RidgeBasis
 from mlpinterp.utils.validation import check_int
 
 #: Largest degree accepted (GLU targets need Hermite coefficients up to degree + 1 <= 170, where k! overflows).
@@ -231,7 +231,7 @@ def _target_family(network: Network, comp: Gaussian, degree: int) -> _Family:
 
 def _check_basis(basis: RidgeBasis, d: int) -> None:
     if not isinstance(basis, RidgeBasis):
-        raise TypeError(f"basis must be a mlpinterp.ffn.readout.RidgeBasis, got {type(basis).__name__}")
+        raise TypeError(f"basis must be a mlpinterp.poly.readout.RidgeBasis, got {type(basis).__name__}")
     arrays = {"basis.center": (basis.center, (d,)), "basis.A": (basis.A, (None, d)),
               "basis.white": (basis.white, (d, None))}
     if basis.G is not None:
