@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from mlpinterp.apd import Components, attributions, attributions_reference, resolve_sites
+from mlpinterp.apd import attributions, attributions_reference
+from mlpinterp.paramspace import Components, resolve_sites
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, sparse_features, step_generator
 
 

@@ -9,23 +9,19 @@ from scipy.stats import entropy
 from torch import nn
 
 from mlpinterp.apd import (
-    Components,
     act_recon_loss,
     attributions,
     attributions_reference,
     batch_topk_mask,
     closed_form_applies,
-    faithfulness_loss,
-    is_tms,
+    is_tied_relu_autoencoder,
     lp_minimality_loss,
     lp_simplicity_loss,
-    minimality_loss,
-    resolve_sites,
-    run_with_components,
     schatten_pp,
     simplicity_loss,
     topk_mask,
 )
+from mlpinterp.paramspace import Components, faithfulness_loss, minimality_loss, resolve_sites, run_with_components
 from mlpinterp.toys import (
     TMS,
     ResidMLPConfig,
@@ -292,7 +288,7 @@ def test_batched_attributions_equal_reference(source):
 
 def test_closed_form_only_for_residual_mlps_and_tms():
     tms, _, _ = _models()[0]
-    assert is_tms(tms, Components(resolve_sites(tms, ["W"]), C=2))
+    assert is_tied_relu_autoencoder(tms, Components(resolve_sites(tms, ["W"]), C=2))
     model, targets, x = _models()[2]
     comps = Components(resolve_sites(model, targets), C=2)
     assert not closed_form_applies(model, comps)

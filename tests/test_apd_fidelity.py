@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mlpinterp.apd import APDConfig, Components, lr_at, reference_init_std, reference_rank, resolve_sites
+from mlpinterp.apd import APDConfig, lr_at
 from mlpinterp.cli.main import app
 from mlpinterp.experiments.apd import (
     DEFAULT_FIDELITY,
@@ -21,6 +21,7 @@ from mlpinterp.experiments.apd import (
     target_config,
 )
 from mlpinterp.experiments.spd import spd_target
+from mlpinterp.paramspace import Components, reference_init_std, reference_rank, resolve_sites
 from mlpinterp.toys import TMS, TMSConfig, save_toy, train_tms
 
 torch.set_num_threads(1)

@@ -6,16 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp.apd import (
-    Components,
-    activation_frequency,
-    mmcs_ml2r,
-    per_feature_mse,
-    resolve_sites,
-    responsible_components,
-    scrubbing,
-    topk_mask,
-)
+from mlpinterp.apd import activation_frequency, per_feature_mse, responsible_components, scrubbing, topk_mask
+from mlpinterp.paramspace import Components, mmcs_ml2r, resolve_sites
 from mlpinterp.toys import TMS, sparse_features, step_generator, tms_ground_truth
 
 torch.set_num_threads(1)

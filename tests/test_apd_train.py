@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp.apd import APDConfig, decompose, lr_at, mmcs_ml2r, with_overrides
+from mlpinterp.apd import APDConfig, decompose, lr_at, with_overrides
+from mlpinterp.paramspace import mmcs_ml2r
 from mlpinterp.toys import (
     build_resid_mlp,
     sparse_features,

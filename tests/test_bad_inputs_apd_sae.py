@@ -17,28 +17,30 @@ from safetensors.torch import load_file, save_file
 
 from mlpinterp.apd import (
     APDConfig,
-    Components,
     act_recon_loss,
     activation_frequency,
     attributions,
     batch_topk_mask,
-    capture_outputs,
     decompose,
-    faithfulness_loss,
     lp_minimality_loss,
     lp_simplicity_loss,
     lr_at,
-    minimality_loss,
-    mmcs_ml2r,
     per_feature_mse,
-    resolve_sites,
     responsible_components,
-    run_with_components,
     schatten_pp,
     scrubbing,
     simplicity_loss,
     topk_mask,
     with_overrides,
+)
+from mlpinterp.paramspace import (
+    Components,
+    capture_outputs,
+    faithfulness_loss,
+    minimality_loss,
+    mmcs_ml2r,
+    resolve_sites,
+    run_with_components,
 )
 from mlpinterp.sae import (
     SaeConfig,

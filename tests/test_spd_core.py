@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from scipy import stats
 from torch import nn
 
-from mlpinterp.apd import mmcs_ml2r, resolve_sites
+from mlpinterp.paramspace import mmcs_ml2r, resolve_sites
 from mlpinterp.spd import (
     CausalImportance,
     Decomposition,
@@ -388,7 +388,7 @@ def test_delta_masks_are_drawn_uniform_after_the_subcomponent_masks():
 
 
 def test_base_mapping_and_delta_errors_name_the_argument():
-    from mlpinterp.apd.forward import run_with_components
+    from mlpinterp.paramspace.forward import run_with_components
 
     model = Tiny()
     dec = _dec(model, ["lin1", "lin2"])
@@ -429,7 +429,7 @@ def test_base_mapping_of_another_dtype_is_refused_naming_it(site):
     """A per-sample base factor of another dtype than the weight it scales is refused naming ``base[site]`` (before:
     torch's "expected m1 and m2 to have the same dtype" from inside the patched forward at lin1, and at the last
     site lin2 a float64 output without a word)."""
-    from mlpinterp.apd.forward import run_with_components
+    from mlpinterp.paramspace.forward import run_with_components
 
     model = Tiny()
     dec = _dec(model, ["lin1", "lin2"])
@@ -626,7 +626,7 @@ def test_unknown_site_and_mismatched_shapes_raise():
 
 # ------------------------------------------------------------------------------------------------ metrics
 def test_scrub_keep_masks_with_subcomponent_sets():
-    from mlpinterp.apd import scrub_keep_masks
+    from mlpinterp.paramspace import scrub_keep_masks
 
     active = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 0]], bool)
     responsible = [np.array([0, 1]), np.array([2]), np.array([3, 4])]

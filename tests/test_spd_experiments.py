@@ -9,7 +9,6 @@ from dataclasses import replace
 import torch
 from typer.testing import CliRunner
 
-from mlpinterp.apd import resolve_sites
 from mlpinterp.cli.main import app
 from mlpinterp.experiments.apd import target_config
 from mlpinterp.experiments.spd import (
@@ -22,6 +21,7 @@ from mlpinterp.experiments.spd import (
     spd_target,
     target_fidelity,
 )
+from mlpinterp.paramspace import resolve_sites
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 
 torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp.apd import mmcs_ml2r
+from mlpinterp.paramspace import mmcs_ml2r
 from mlpinterp.spd import SPDConfig, decompose, lr_at, with_overrides
 from mlpinterp.toys import as_linears, sparse_features, step_generator
 
@@ -85,7 +85,7 @@ def test_faithfulness_warmup_is_adamw_on_the_subcomponents_alone(tms52_target):
 
     model = as_linears(tms52_target)
     cfg = _tms_cfg(faithfulness_warmup_steps=30, faithfulness_warmup_lr=0.02, faithfulness_warmup_weight_decay=0.1)
-    from mlpinterp.apd.components import resolve_sites, target_weight
+    from mlpinterp.paramspace.components import resolve_sites, target_weight
     from mlpinterp.spd.decomposition import resolve_reads
 
     sites = resolve_sites(model, cfg.targets)

@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mlpinterp.apd.components import Components
-from mlpinterp.apd.forward import _param_weights, _patched, run_with_components
+from mlpinterp.paramspace.components import Components
+from mlpinterp.paramspace.forward import _param_weights, _patched, run_with_components
 from mlpinterp.utils.validation import check_batch_tensor
 
 SOURCES = ("target", "apd")
@@ -66,17 +66,18 @@ def is_residual_mlp(model: nn.Module, comps: Components) -> bool:
     return all(s.kind == "linear" and s.name in names for s in comps.sites)
 
 
-def is_tms(model: nn.Module, comps: Components) -> bool:
-    """Whether ``model`` is a :class:`~mlpinterp.toys.tms.TMS` whose only decomposed site is its tied ``W``."""
-    from mlpinterp.toys.tms import TMS
-
-    return (isinstance(model, TMS) and model.identity is None and len(comps.sites) == 1 and comps.sites[0].kind == "param"
-            and comps.sites[0].name == "W")
+def is_tied_relu_autoencoder(model: nn.Module, comps: Components) -> bool:
+    """Whether ``model`` declares ``tied_relu_autoencoder`` true (it computes ``ReLU(W^T W x + b)`` from a tied
+    parameter ``W`` ``[d_hidden, n_features]`` and a bias ``b``, as :class:`~mlpinterp.toys.tms.TMS` without an
+    identity layer does) and its only decomposed site is the parameter ``W``."""
+    return (getattr(model, "tied_relu_autoencoder", False) is True and len(comps.sites) == 1
+            and comps.sites[0].kind == "param" and comps.sites[0].name == "W")
 
 
 def closed_form_applies(model: nn.Module, comps: Components) -> bool:
-    """Whether ``method="closed"`` is available: a residual-MLP stack (:func:`is_residual_mlp`) or TMS (:func:`is_tms`)."""
-    return is_residual_mlp(model, comps) or is_tms(model, comps)
+    """Whether ``method="closed"`` is available: a residual-MLP stack (:func:`is_residual_mlp`) or a tied ReLU
+    autoencoder such as TMS (:func:`is_tied_relu_autoencoder`)."""
+    return is_residual_mlp(model, comps) or is_tied_relu_autoencoder(model, comps)
 
 
 def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: str = "target",
@@ -105,7 +106,7 @@ def attributions(model: nn.Module, comps: Components, x: torch.Tensor, source: s
     if method == "closed" and not closed_ok:
         raise ValueError("method='closed' needs a residual-MLP model (see is_residual_mlp) with only its "
                          "mlp_in/mlp_out Linear layers as targets, or a TMS with only W decomposed")
-    if (method == "closed" or (method == "auto" and closed_ok)) and is_tms(model, comps):
+    if (method == "closed" or (method == "auto" and closed_ok)) and is_tied_relu_autoencoder(model, comps):
         return _closed_tms(model, comps, x, base)
     if method == "closed" or (method == "auto" and closed_ok):
         # chunks of 256 samples keep the [C, chunk, D] intermediates cache-sized (memory-bound otherwise)

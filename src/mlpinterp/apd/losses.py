@@ -1,8 +1,7 @@
 """APD losses (Braun et al. 2025, Sec. 2.2 and App. A.3-A.4), normalised as in the reference implementation.
 
-- faithfulness: ``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` with ``N`` the number of decomposed parameters;
-- minimality: ``D(f(x | theta*), f(x | kappa(x)))`` with ``D`` the MSE (mean over batch and outputs) or the KL
-  divergence ``KL(softmax(target) || softmax(sparse))`` (nats, mean over batch);
+Faithfulness and the output distance of minimality are shared with SPD (:mod:`mlpinterp.paramspace.losses`).
+
 - simplicity: ``sum_b sum_c s_c(x_b) sum_s ||P_{c,s}||_p^p / (N * batch)`` (Schatten-p, ``p`` may be < 1);
 - hidden-activation reconstruction: MSE between chosen activations of the target and of the sparse forward;
 - Lp variant (App. A.4): ``sum_c A_c(x)^{p1}`` and ``sum_c A_c(x)^{p1} sum_s ||P_{c,s}||_{p2}^{p2}``.
@@ -26,25 +25,12 @@ import numbers
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
-from mlpinterp.apd.components import Components
+from mlpinterp.paramspace.components import Components
+from mlpinterp.paramspace.losses import check_loss_tensor
 
 EPS = 1e-16
 SCHATTEN_MODES = ("exact", "factor")
-
-
-def _tensor(x, name: str, shape: str) -> torch.Tensor:
-    """``x`` must be a floating-point, non-empty, finite torch tensor."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {shape}, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor {shape}, got dtype {x.dtype}")
-    if x.numel() == 0:
-        raise ValueError(f"{name} must be non-empty {shape}, got shape {list(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains {int((~torch.isfinite(x)).sum())} non-finite value(s) (NaN or inf)")
-    return x
 
 
 def _exponent(p, name: str) -> float:
@@ -58,55 +44,12 @@ def _exponent(p, name: str) -> float:
 
 def _attr(attr, C: int | None) -> torch.Tensor:
     """Attributions ``[batch, C]``: finite and >= 0 (sums of squares)."""
-    _tensor(attr, "attr", "[batch, C]")
+    check_loss_tensor(attr, "attr", "[batch, C]")
     if attr.ndim != 2 or (C is not None and attr.shape[1] != C):
         raise ValueError(f"attr must have shape [batch, C{'' if C is None else '=' + str(C)}], got {list(attr.shape)}")
     if bool((attr < 0).any()):
         raise ValueError("attr must be >= 0 (attributions are sums of squares), got negative values")
     return attr
-
-
-def faithfulness_loss(comps: Components, target: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``sum_s ||W*_s - sum_c P_{c,s}||_F^2 / N`` (scalar; mean squared parameter error).
-
-    Raises ``TypeError``/``ValueError`` if ``target`` is not a mapping holding a finite ``[d_out, d_in]`` tensor for
-    every site.
-    """
-    if not isinstance(target, Mapping):
-        raise TypeError(f"target must be a mapping site name -> [d_out, d_in] tensor, got {type(target).__name__}")
-    for s in comps.sites:
-        if s.name not in target:
-            raise ValueError(f"target lacks site {s.name!r}; has {sorted(target)}")
-        _tensor(target[s.name], f"target[{s.name!r}]", f"[{s.d_out}, {s.d_in}]")
-        if tuple(target[s.name].shape) != (s.d_out, s.d_in):
-            raise ValueError(f"target[{s.name!r}] must have shape [{s.d_out}, {s.d_in}], got {list(target[s.name].shape)}")
-    summed = comps.summed()
-    total = sum(((target[s.name] - summed[s.name]) ** 2).sum() for s in comps.sites)
-    return total / comps.n_params
-
-
-def minimality_loss(out: torch.Tensor, target_out: torch.Tensor, kind: str = "mse") -> torch.Tensor:
-    """Distance between the sparse-forward output and the target output.
-
-    ``kind="mse"``: mean over all entries. ``kind="kl"``: ``KL(softmax(target_out) || softmax(out))`` over the last
-    dimension, in nats, mean over the other dimensions.
-
-    Raises
-    ------
-    ValueError
-        If ``kind`` is unknown or the shapes differ.
-    """
-    _tensor(out, "out", "[batch, ...]")
-    _tensor(target_out, "target_out", "[batch, ...]")
-    if out.shape != target_out.shape:
-        raise ValueError(f"out and target_out must have the same shape, got {list(out.shape)} and {list(target_out.shape)}")
-    if kind == "mse":
-        return ((out - target_out) ** 2).mean()
-    if kind == "kl":
-        logp = F.log_softmax(out, dim=-1)
-        logq = F.log_softmax(target_out, dim=-1)
-        return (logq.exp() * (logq - logp)).sum(-1).mean()
-    raise ValueError(f"kind (minimality loss) must be 'mse' or 'kl', got {kind!r}")
 
 
 def schatten_pp(A: torch.Tensor, B: torch.Tensor, p: float, mode: str = "exact") -> torch.Tensor:
@@ -179,8 +122,8 @@ def act_recon_loss(acts: Mapping[str, torch.Tensor], target_acts: Mapping[str, t
     if set(acts) != set(target_acts) or not acts:
         raise ValueError(f"acts and target_acts must name the same non-empty set, got {sorted(acts)} / {sorted(target_acts)}")
     for n in acts:
-        _tensor(acts[n], f"acts[{n!r}]", "")
-        _tensor(target_acts[n], f"target_acts[{n!r}]", "")
+        check_loss_tensor(acts[n], f"acts[{n!r}]", "")
+        check_loss_tensor(target_acts[n], f"target_acts[{n!r}]", "")
         if acts[n].shape != target_acts[n].shape:
             raise ValueError(f"acts[{n!r}] and target_acts[{n!r}] must have the same shape, got "
                              f"{list(acts[n].shape)} and {list(target_acts[n].shape)}")

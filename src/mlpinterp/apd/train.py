@@ -23,18 +23,17 @@ import torch
 from torch import nn
 
 from mlpinterp.apd.attributions import SOURCES, attributions
-from mlpinterp.apd.components import INITS, Components, resolve_sites, target_weight
-from mlpinterp.apd.forward import capture_outputs, run_with_components
 from mlpinterp.apd.losses import (
     SCHATTEN_MODES,
     act_recon_loss,
-    faithfulness_loss,
     lp_minimality_loss,
     lp_simplicity_loss,
-    minimality_loss,
     simplicity_loss,
 )
 from mlpinterp.apd.masks import batch_topk_mask, topk_mask
+from mlpinterp.paramspace.components import INITS, Components, resolve_sites, target_weight
+from mlpinterp.paramspace.forward import capture_outputs, run_with_components
+from mlpinterp.paramspace.losses import faithfulness_loss, minimality_loss
 from mlpinterp.utils.checkpoint import (
     check_loss_finite,
     check_params_finite,

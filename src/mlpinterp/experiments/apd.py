@@ -23,15 +23,11 @@ from torch import nn
 
 from mlpinterp.apd import (
     APDConfig,
-    Components,
     activation_frequency,
     attributions,
-    column_match,
     decompose,
     per_feature_mse,
-    reference_rank,
     responsible_components,
-    run_with_components,
     scrubbing,
     select_mask,
     topk_mask,
@@ -39,6 +35,7 @@ from mlpinterp.apd import (
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.experiments.rundir import check_out_dir, recipe_overrides
+from mlpinterp.paramspace import Components, column_match, reference_rank, run_with_components
 from mlpinterp.toys import (
     RESID_PRESETS,
     TMS_PRESETS,

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpinterp.apd import column_match
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
 from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
 from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
+from mlpinterp.paramspace import column_match
 from mlpinterp.spd import (
     SPDConfig,
     alive_subcomponents,

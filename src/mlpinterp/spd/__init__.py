@@ -3,8 +3,9 @@
 Decompose chosen weights of any ``nn.Module`` (``nn.Linear`` modules or named 2-D parameters, tied ones
 included) into ``C`` rank-one subcomponents ``U_c V_c^T`` per weight, each with a learned causal importance
 ``g_c(x)`` (a tiny MLP on ``V_c^T a``); train them so that the target's output survives any stochastic ablation
-``m = g + (1 - g) r`` while as few subcomponents as possible are important. Shares APD's components (rank one),
-sites, masked forward, faithfulness loss, output distances and metrics (:mod:`mlpinterp.apd`).
+``m = g + (1 - g) r`` while as few subcomponents as possible are important. Built on the parameter-space core
+shared with APD (:mod:`mlpinterp.paramspace`): components (rank one), sites, masked forward, faithfulness loss,
+output distances and metrics.
 
 Main entry points: :func:`decompose` with an :class:`SPDConfig`; metrics in :mod:`mlpinterp.spd.metrics`.
 """

@@ -2,10 +2,10 @@
 (Bushnaq, Braun, Sharkey 2025, Sec. 2).
 
 Every decomposed weight ``W_s`` (``[d_out, d_in]``, an ``nn.Linear`` or a named 2-D parameter, tied ones included;
-see :func:`mlpinterp.apd.resolve_sites`) is ``sum_c U_c V_c^T`` with ``C`` rank-one subcomponents. They are stored
-as APD components of inner rank one (:class:`mlpinterp.apd.Components` with ``m = 1``: ``A[s][c] = U_c``,
+see :func:`mlpinterp.paramspace.resolve_sites`) is ``sum_c U_c V_c^T`` with ``C`` rank-one subcomponents. They are stored
+as APD components of inner rank one (:class:`mlpinterp.paramspace.Components` with ``m = 1``: ``A[s][c] = U_c``,
 ``B[s][c] = V_c^T``), so APD's forward with per-site coefficients
-(:func:`mlpinterp.apd.run_with_components`) is the masked forward of SPD, and APD's faithfulness loss and MMCS /
+(:func:`mlpinterp.paramspace.run_with_components`) is the masked forward of SPD, and APD's faithfulness loss and MMCS /
 ML2R apply unchanged. Unlike APD, the subcomponents of different sites are independent: site ``s`` subcomponent
 ``c`` has its own causal importance and mask. Two sites whose target weights are transposes of each other can share
 their subcomponents (``tied``: TMS's ``linear2 = linear1^T``, tied this way by the SPD reference implementation);
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from mlpinterp.apd.components import Components, Site
+from mlpinterp.paramspace.components import Components, Site
 from mlpinterp.spd.importance import CausalImportance
 from mlpinterp.spd.sigmoids import leaky_hard_sigmoid, upper_leaky_hard_sigmoid
 

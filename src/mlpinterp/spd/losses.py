@@ -1,10 +1,10 @@
 """SPD losses (Bushnaq, Braun, Sharkey 2025, Sec. 2 and the appendix pseudocode), normalised as there.
 
 - faithfulness ``(1/N) sum_s ||W_s - U_s V_s||_F^2`` (``N`` decomposed parameters): APD's
-  :func:`mlpinterp.apd.faithfulness_loss` on the rank-one components;
+  :func:`mlpinterp.paramspace.faithfulness_loss` on the rank-one components;
 - stochastic reconstruction ``D(f(x | W'(x, r)), f(x | W))`` with every site masked, ``D`` the MSE (mean over batch
   and outputs) or ``KL(softmax(target) || softmax(masked))`` (nats, mean over the batch): APD's output distance
-  :func:`mlpinterp.apd.minimality_loss`;
+  :func:`mlpinterp.paramspace.minimality_loss`;
 - layerwise stochastic reconstruction: the same with one site masked at a time (the other sites keep the target's
   weights), averaged over the ``L`` sites;
 - importance minimality ``(1/B) sum_b sum_s sum_c |g_upper[s][b, c]|^p``.
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from mlpinterp.apd.components import Components
-from mlpinterp.apd.forward import run_with_components
-from mlpinterp.apd.losses import faithfulness_loss, minimality_loss
+from mlpinterp.paramspace.components import Components
+from mlpinterp.paramspace.forward import run_with_components
+from mlpinterp.paramspace.losses import faithfulness_loss, minimality_loss
 from mlpinterp.utils.validation import check_real
 
 __all__ = ["faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss", "stochastic_recon_loss"]

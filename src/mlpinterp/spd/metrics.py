@@ -7,10 +7,10 @@
 - the reference implementation's target-pattern errors on the one-hot importances: identity (one subcomponent per
   feature, after the best matching) and dense (``k`` always-active subcomponents);
 - the CI-masked forward (masks = causal importances, ``r = 0``): the worst case of the stochastic masks;
-- scrubbing / anti-scrubbing (APD paper Sec. 3.2) with the responsible subcomponents of the chosen sites, via APD's
-  :func:`mlpinterp.apd.scrub_keep_masks`.
+- scrubbing / anti-scrubbing (APD paper Sec. 3.2) with the responsible subcomponents of the chosen sites, via the shared
+  :func:`mlpinterp.paramspace.scrub_keep_masks`.
 
-MMCS / ML2R are APD's :func:`mlpinterp.apd.mmcs_ml2r` / :func:`mlpinterp.apd.column_match` on
+MMCS / ML2R are the shared :func:`mlpinterp.paramspace.mmcs_ml2r` / :func:`mlpinterp.paramspace.column_match` on
 ``decomposition.components.weights()[site]``.
 """
 
@@ -23,8 +23,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from mlpinterp.apd.forward import run_with_components
-from mlpinterp.apd.metrics import ScrubbingResult, scrub_keep_masks
+from mlpinterp.paramspace.forward import run_with_components
+from mlpinterp.paramspace.metrics import ScrubbingResult, scrub_keep_masks
 from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real
 

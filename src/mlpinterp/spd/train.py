@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlpinterp.apd.components import resolve_sites, target_weight
+from mlpinterp.paramspace.components import resolve_sites, target_weight
 from mlpinterp.spd.decomposition import SPD_INITS, Decomposition, resolve_reads
 from mlpinterp.spd.losses import (
     faithfulness_loss,

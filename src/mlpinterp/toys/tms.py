@@ -45,6 +45,12 @@ class TMS(nn.Module):
             with torch.no_grad():
                 self.identity.weight.copy_(torch.eye(d_hidden))
 
+    @property
+    def tied_relu_autoencoder(self) -> bool:
+        """True when this model computes ``ReLU(W^T W x + b)`` from its tied ``W`` and ``b`` alone (no identity layer):
+        the structure the closed-form APD attributions read (:func:`mlpinterp.apd.attributions.is_tied_relu_autoencoder`)."""
+        return self.identity is None
+
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., n_features] -> [..., d_hidden]``: ``h = W x``."""
         return F.linear(x, self.W)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpinterp.apd.components import Components, Site, target_weight
+from mlpinterp.paramspace.components import Components, Site, target_weight
 
 
 def _broadcast_coef(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,413 @@
+"""The mixture operator of the exact quadratic normal equations, and the algebra of its parameter vectors.
+
+A quadratic ``p(u) = c + b.u + u^T A u`` (A symmetric) in the whitened support coordinates u of
+``coordinates.py`` is the parameter ``theta = (c, b, A)`` with the inner product
+``<theta, theta'> = c c' + b.b' + tr(A A')``, in which the least-squares normal equations read
+``M theta = E_mix[f (1, u, u u^T)]`` with the self-adjoint PSD operator ``M theta = sum_k pi_k E_k[p_theta(u) (1, u,
+u u^T)]`` (Rigg & Belrose 2025, §4 poses the problem). Under ``N(m, S)``, with ``u = m + v``,
+``p = c' + b'.v + v^T A v`` (``c' = c + b.m + m^T A m``, ``b' = b + 2 A m``) and Isserlis' theorem:
+
+    E[p] = c' + tr(AS),   E[p v] = S b',   E[p v v^T] = (c' + tr(AS)) S + 2 S A S,
+
+from which ``E[p u] = m E[p] + E[p v]`` and ``E[p u u^T] = m m^T E[p] + m E[p v]^T + E[p v] m^T + E[p v v^T]``:
+O(r^3) per component and output (two matrix products), batched over outputs, never the r^2 x r^2 Gram.
+The right-hand side needs only Gaussian moments too: the single-Gaussian projection
+``p_k = fit_ridge(network, component_k, 2)`` has the same moments of degree <= 2 as f under component k,
+so ``E_k[f z] = E_k[p_k z]`` and ``E_mix[f z] = sum_k pi_k M_k theta_k``.
+For an MLP ``theta_k``'s quadratic part has rank <= d_hidden, and ``factored.apply_factored`` computes this sum
+from the ridge factors without forming any ``[o, r, r]`` theta_k (GLUs use ``apply(None, components=...)``).
+
+Preconditioners. Because u has identity second moment under the mixture, the linear block of M is exactly the
+identity and the constant couples to A only through ``E[p] = c + tr A``. ``"diagonal"`` (default) inverts M
+exactly on the block (c, diag A), whose Gram matrix is that of the features ``(1, u_1^2, ..., u_r^2)`` with
+``E_mix[u_i^2 u_j^2] = sum_k pi_k [(S_ii + m_i^2)(S_jj + m_j^2) + 2 S_ij^2 + 4 m_i m_j S_ij]`` (Isserlis), takes
+b as is, and divides each off-diagonal ``A_ij`` by its diagonal entry ``2 E_mix[u_i^2 u_j^2]`` (Jacobi).
+``"pooled"`` is the exact inverse of the pooled Gaussian N(0, I)'s operator (Hermite-diagonal:
+``A = (Gamma - gamma I) / 2``, ``c = gamma - tr A``, ``b = beta``). Both ignore third moments (b-A coupling).
+
+Singular operators. M is singular exactly when a non-zero quadratic vanishes on every component's support (e.g.
+``x_j x_l`` for two pixels that are never lit in the same class, or ``1 - u^2`` for two point masses at
+``u = +-1``). M is non-singular when some component has full rank on the support (one component's Gram is then
+positive definite); ``MixtureOperator.structure`` says which case holds ("nonsingular", "singular" when the
+preconditioner's blocks prove a null direction, else "possibly singular"). Null directions of the (c, diag A)
+block and entries ``A_ij`` with ``E[u_i^2 u_j^2] = 0`` are null directions of M, and the preconditioner maps them
+to 0 (so it is positive semi-definite; the solver in ``pcg.py`` relies on this).
+
+Precision. The operator works in float64, float32 or bfloat16: in bfloat16 only the 2K GEMMs take bfloat16
+inputs (float32 accumulation, the product rounded to bfloat16); the rest of the application is float32. On a
+non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint, so the operator's answer is built as
+``H + H^T`` (exactly symmetric). On the CPU the second GEMM of each pair computes only the block-lower part of its
+symmetric answer (``_add_sandwiches``). Measured costs: docs/measurements.md, "Mixture solver".
+
+Public interface to the solver: :class:`MixtureOperator`, :func:`operator_structure`,
+:class:`IndefiniteOperatorError`, the parameter-vector algebra on ``(c [o], b [o, r], A [o, r, r])`` tuples
+(:func:`theta_dot`, :func:`theta_sub`, :func:`theta_sub_into`, :func:`theta_norm`, :func:`relative_residual`,
+:func:`theta_cast`, :func:`flatten_theta`, :func:`unflatten_theta`, :func:`symmetric_part`,
+:func:`symmetric_part_`, :func:`symmetrise_`) and :func:`apply_cast` / :func:`apply_flat`.
+"""
+
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+
+PRECONDITIONERS = ("diagonal", "pooled", "none")
+#: Eigenvalues of the preconditioner's (c, diag A) block, and moments ``E[u_i^2 u_j^2]``, at or below this
+#: fraction of the largest are treated as zero (null directions of the operator).
+NULL_RTOL = 1e-12
+#: Rank rule for "component k has full rank on the support" (proves the operator non-singular).
+FULL_RANK_RTOL = 1e-10
+
+
+class IndefiniteOperatorError(ArithmeticError):
+    """The mixture operator has a direction with ``<p, M p> < 0`` beyond rounding (it must be PSD)."""
+
+
+def _component_apply(c, b, A, m, S, trAS=None):
+    """E[p (1, u, u u^T)] for u ~ N(m, S) and p = (c [o], b [o, r], A [o, r, r]) -> tensors of the same shapes."""
+    import torch
+
+    Am = torch.matmul(A, m)  # [o, r]
+    cp = c + b @ m + Am @ m  # [o]
+    bp = b + 2 * Am
+    if trAS is None:
+        trAS = torch.einsum("oij,ij->o", A, S)
+    e0 = cp + trAS  # E[p]
+    ev = bp @ S  # E[p v], S symmetric
+    SAS = torch.matmul(torch.matmul(S, A), S)
+    evv = e0[:, None, None] * S + 2 * SAS
+    g0 = e0
+    g1 = m * e0[:, None] + ev
+    mev = m[None, :, None] * ev[:, None, :]  # m ev^T
+    g2 = e0[:, None, None] * torch.outer(m, m) + mev + mev.transpose(1, 2) + evv
+    return g0, g1, g2
+
+
+def operator_structure(coords: SupportCoordinates, weights: np.ndarray) -> str:
+    """``"nonsingular"`` if a component with positive weight has full rank on the support, else ``"possibly singular"``."""
+    import torch
+
+    for w, S in zip(weights, coords.covs, strict=True):
+        if w > 0:
+            # torch's LAPACK follows torch.set_num_threads; numpy's OpenBLAS may spawn a thread per core and,
+            # on a loaded CPU, took 3.6 s instead of 0.04 s per 712 x 712 matrix (measured, issue 12)
+            ev = torch.linalg.eigvalsh(torch.as_tensor(S, dtype=torch.float64)).numpy()
+            if ev[-1] > 0 and ev[0] > FULL_RANK_RTOL * ev[-1]:
+                return "nonsingular"
+    return "possibly singular"
+
+
+class MixtureOperator:
+    """theta -> sum_k pi_k E_k[p_theta z] on (c [o], b [o, r], A [o, r, r]) tensors, with its preconditioner.
+
+    ``structure``: "nonsingular", "singular" (a null direction found in the preconditioner's blocks) or
+    "possibly singular"; ``null_directions``: how many such directions were found (a lower bound).
+    ``like``: an operator of the same mixture and preconditioner whose structure and preconditioner setup
+    (two (r+1) x (r+1) eigen-decompositions) are reused.
+    """
+
+    def __init__(self, coords: SupportCoordinates, weights: np.ndarray, preconditioner: str, device, dtype,
+                 structure: str | None = None, like: MixtureOperator | None = None):
+        import torch
+
+        self.torch = torch
+        self.dtype = dtype
+        # bfloat16: only the 2K GEMMs take bfloat16 inputs (float32 accumulation, output rounded to bfloat16);
+        # everything else (means, traces, accumulation of g2) runs in float32
+        self.work_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+        #: relative rounding of one operator application (unit roundoff of its GEMM inputs and outputs)
+        self.rounding = 2.0**-8 if dtype == torch.bfloat16 else torch.finfo(dtype).eps
+        wd = self.work_dtype
+        self.pi = [float(w) for w in weights]
+        self.m = torch.as_tensor(coords.means, device=device, dtype=wd)
+        # memory (issue 12): the covariances are kept once, in float64 (on the CPU the coordinates' own array, not a
+        # copy); a float32 operator casts them per application (``S``), and ``Q`` is built per application
+        self._S64 = torch.as_tensor(coords.covs, device=device, dtype=torch.float64)
+        self._S_gemm = self.S.to(dtype) if dtype != wd else None  # bfloat16 GEMM inputs, kept (half of float32)
+        self.pi_t = torch.tensor(np.array(weights), device=device, dtype=wd)
+        self.r = coords.r
+        self.kind = preconditioner
+        if like is not None:
+            self.structure, self.null_directions = like.structure, like.null_directions
+            if preconditioner == "diagonal":
+                self.Finv, self.Binv = like.Finv.to(wd), like.Binv.to(wd)
+            self.n_apply = 0
+            return
+        self.structure = structure or operator_structure(coords, weights)
+        self.null_directions = 0
+        if preconditioner == "diagonal":
+            m, S = coords.means, coords.covs
+            dg = np.einsum("kii->ki", S) + m**2  # E_k[u_i^2]
+            F = np.einsum("k,ki,kj->ij", weights, dg, dg) + np.einsum(
+                "k,kij->ij", weights, 2 * S**2 + 4 * m[:, :, None] * m[:, None, :] * S
+            )  # E_mix[u_i^2 u_j^2]
+            r = coords.r
+            B = np.empty((r + 1, r + 1))
+            B[0, 0], B[0, 1:], B[1:, 0], B[1:, 1:] = 1.0, 1.0, 1.0, F  # Gram of (1, u_1^2, ..., u_r^2)
+            # pseudo-inverse: a null vector of this principal block of M is a null vector of M (M is PSD)
+            w, V = (t.numpy() for t in torch.linalg.eigh(torch.as_tensor(B)))
+            keep = w > NULL_RTOL * w[-1]
+            Binv = (V[:, keep] / w[keep]) @ V[:, keep].T
+            # Jacobi on A_ij; E[u_i^2 u_j^2] = 0 means u_i u_j = 0 a.s.: a null direction, mapped to 0
+            scale = np.sqrt(np.outer(np.diag(F), np.diag(F)))
+            zero = F <= NULL_RTOL * scale
+            Finv = np.where(zero, 0.0, 1.0 / (2.0 * np.where(zero, 1.0, F)))
+            self.null_directions = int((~keep).sum()) + int(np.triu(zero, 1).sum())
+            if self.null_directions and self.structure != "nonsingular":
+                self.structure = "singular"
+            self.Finv = torch.as_tensor(Finv, device=device, dtype=wd)
+            self.Binv = torch.as_tensor(Binv, device=device, dtype=wd)
+        self.n_apply = 0
+
+    @property
+    def S(self):
+        """The component covariances ``[K, r, r]`` in the working dtype (float32: a fresh cast of the float64 ones)."""
+        return self._S64.to(self.work_dtype)
+
+    def _S_k(self, k: int):
+        """``S[k]`` alone (the same values as ``self.S[k]``, without casting all K)."""
+        return self._S64[k].to(self.work_dtype)
+
+    @property
+    def S_gemm(self):
+        """The covariances as the GEMMs take them (bfloat16 for a bfloat16 operator, else ``S``)."""
+        return self._S_gemm if self._S_gemm is not None else self.S
+
+    @property
+    def Q(self):
+        """``E_k[u u^T] = S_k + m_k m_k^T``, ``[K, r, r]`` in the working dtype (built on each access)."""
+        return self.S + self.m[:, :, None] * self.m[:, None, :]
+
+    def apply(self, theta, components=None):
+        """sum_k pi_k M_k theta (``components``: per-component thetas, for the right-hand side, instead).
+
+        ``components`` may be any iterable of the K thetas, e.g. a generator that builds each when it is used (the
+        right-hand side then holds one component's ``[o, r, r]`` tensor at a time, not K).
+        """
+        torch = self.torch
+        self.n_apply += 1
+        if components is None:
+            return self._apply_fused(*theta)
+        out, first = None, None
+        for k, (pk, comp) in enumerate(zip(self.pi, components, strict=True)):
+            if pk == 0.0:
+                first = comp if out is None and first is None else first  # for the shapes of an all-zero answer
+                continue
+            g = _component_apply(*comp, self.m[k], self._S_k(k))
+            del comp
+            out = [pk * t for t in g] if out is None else [o + pk * t for o, t in zip(out, g, strict=True)]
+        return tuple(out) if out is not None else tuple(torch.zeros_like(t) for t in first)
+
+    def _apply_fused(self, c, b, A):
+        """Same as summing ``_component_apply`` over components, with every O(o r^2) pass batched over k.
+
+        Memory traffic, not arithmetic, dominated the naive sum (about 15 passes over ``[o, r, r]`` per
+        component); here each component costs its two GEMMs ``S_k (A S_k)``, accumulated in place.
+        """
+        torch = self.torch
+        o, r = b.shape
+        pi, m, S = self.pi_t, self.m, self.S  # S: float32, a cast of the float64 covariances, freed below
+        AM = torch.matmul(A, m.T)  # [o, r, K]  A m_k
+        mAm = torch.einsum("ork,kr->ok", AM, m)
+        trAS = A.reshape(o, r * r) @ S.reshape(-1, r * r).T  # [o, K]
+        e0 = c[:, None] + b @ m.T + mAm + trAS  # [o, K]  E_k[p]
+        bp = b[:, None, :] + 2 * AM.transpose(1, 2)  # [o, K, r]
+        ev = torch.einsum("okr,krs->oks", bp, S)  # [o, K, r]  E_k[p v]
+        pe0 = e0 * pi  # [o, K]
+        g0 = pe0.sum(1)
+        g1 = pe0 @ m + torch.einsum("k,oks->os", pi, ev)
+        Q = S + m[:, :, None] * m[:, None, :]  # E_k[u u^T]  [K, r, r] (``self.Q``)
+        del S
+        # g2 is built as a half H with H + H^T the answer (``_add_sandwiches``): half of the symmetric
+        # sum_k pi_k E_k[p] (S_k + m_k m_k^T), one of the two transposed terms sum_k pi_k m_k E_k[p v]^T, and the
+        # block-lower parts of the sandwiches
+        g2 = (pe0 @ Q.reshape(-1, r * r)).reshape(o, r, r).mul_(0.5)
+        del Q
+        g2 += torch.einsum("kr,oks->ors", m * pi[:, None], ev)
+        if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
+            A3 = A.to(self.dtype)
+            _add_sandwiches(g2, A3, lambda k: self._S_gemm[k], self.pi)
+            del A3
+        elif A.device.type == "cpu":
+            _add_sandwiches(g2, A, self._S_k, self.pi)
+        else:  # on a GPU the o K (1 + LOWER_BLOCKS) small GEMMs would cost launches: K batched products instead
+            A2 = A.reshape(o * r, r)
+            Y = torch.empty_like(A2)
+            for k, pk in enumerate(self.pi):
+                if pk != 0.0:
+                    Sk = self._S_k(k)
+                    torch.mm(A2, Sk, out=Y)  # A S_k
+                    g2.baddbmm_(Sk.expand(o, r, r), Y.view(o, r, r), alpha=pk)  # half of 2 pi_k S_k A S_k
+            del Y
+        # H + H^T: the operator's answer is exactly symmetric, so CG stays on symmetric A (the polynomial's
+        # coefficients; on a non-symmetric A this operator, b' = b + 2 A m, is not self-adjoint)
+        return g0, g1, _add_transpose_(g2)
+
+    def precondition_flat(self, F):
+        """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
+        (``flatten_theta`` rows), written into one new ``[s, n]`` tensor of ``F``'s dtype.
+
+        Memory (issue 12): no tuple with its own ``[s, r, r]`` part beside the flat block that CG needs.
+        """
+        torch = self.torch
+        r = self.r
+        g0, g1, g2 = unflatten_theta(F, r)
+        out = torch.empty_like(F)
+        c, b, A = unflatten_theta(out, r)
+        b.copy_(g1)
+        if self.kind == "none":
+            c.copy_(g0)
+            A.copy_(g2)
+        elif self.kind == "pooled":
+            eye = torch.eye(r, dtype=g2.dtype, device=g2.device)
+            torch.mul(g2 - g0[:, None, None] * eye, 0.5, out=A)
+            c.copy_(g0 - torch.diagonal(A, dim1=1, dim2=2).sum(1))
+        else:  # "diagonal": exact on (c, diag A), Jacobi on the off-diagonal entries of A, exact on b
+            torch.mul(g2, self.Finv, out=A)
+            sol = torch.cat([g0[:, None], torch.diagonal(g2, dim1=1, dim2=2)], 1) @ self.Binv  # Binv symmetric
+            A.diagonal(dim1=1, dim2=2).copy_(sol[:, 1:])
+            c.copy_(sol[:, 0])
+        return out
+
+    def precondition(self, g):
+        """:meth:`precondition_flat` on ``(c [s], b [s, r], A [s, r, r])``; the answer as views of one flat tensor."""
+        return unflatten_theta(self.precondition_flat(flatten_theta(g)), self.r)
+
+
+#: For r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of ``S_k (A S_k)`` computes only the lower part of each of
+#: ``LOWER_BLOCKS`` block columns of its symmetric answer (measured hot path, r = 784 on a 2-core AMD EPYC with
+#: AVX512-BF16: the bfloat16 GEMM pair 4.6-4.8 ms -> 3.8-3.9 ms with 7 blocks of 112; 4 or 8 blocks gained less,
+#: 14 or 16 lost it to the smaller GEMMs; the flops are (1 + 8/14) / 2 = 0.79 of the full pair). Below it, one
+#: block column (the full product).
+LOWER_BLOCKS = 7
+LOWER_BLOCKS_MIN_R = 512
+
+
+def _add_sandwiches(H, A, S_of, pi):
+    """``H[j] += L_j`` with ``L_j + L_j^T = sum_k 2 pi_k S_k A_j S_k``, in place; returns ``H``.
+
+    ``H [o, r, r]`` in the working dtype (float32 or float64); ``A [o, r, r]`` symmetric, in the GEMM dtype
+    (bfloat16 GEMMs accumulate into a float32 ``H``); ``S_of(k)``: ``S_k [r, r]`` in the GEMM dtype; ``pi``: the K
+    weights (zero weights are skipped). ``S_k A_j S_k`` is symmetric, so only the lower part of each block column
+    (the rows from the block's first column down) is computed, the diagonal blocks at half weight: the caller adds
+    ``H^T``. One output at a time (measured hot path): a bfloat16 GEMM allocates a float32 accumulator of its
+    output, 2 MB per ``[r, r]`` at MNIST scale, reused from the heap (one ``[o r, r]`` GEMM allocated 24.6 MB, a
+    fresh mapping each time: 105,000 page faults per application; ``utils.malloc``, ``docs/polynomial.md``).
+    """
+    import torch
+
+    o, r = A.shape[:2]
+    bs = max(-(-r // LOWER_BLOCKS) if r >= LOWER_BLOCKS_MIN_R else r, 1)
+    cols = [(c0, min(c0 + bs, r)) for c0 in range(0, r, bs)]
+    Y = torch.empty(r, r, dtype=A.dtype, device=A.device)
+    buf = torch.empty(r * bs, dtype=A.dtype, device=A.device)
+    for k, pk in enumerate(pi):
+        if pk == 0.0:
+            continue
+        Sk = S_of(k)
+        for j in range(o):
+            torch.mm(A[j], Sk, out=Y)  # A S_k
+            for c0, c1 in cols:
+                w = c1 - c0
+                Zb = buf[: (r - c0) * w].view(r - c0, w)
+                torch.mm(Sk[c0:], Y[:, c0:c1], out=Zb)  # rows c0: of columns c0:c1 of S_k A S_k
+                H[j, c0:c1, c0:c1].add_(Zb[:w], alpha=pk)  # the diagonal block at half of 2 pi_k (H + H^T doubles it)
+                if c1 < r:
+                    H[j, c1:, c0:c1].add_(Zb[w:], alpha=2.0 * pk)
+    return H
+
+
+def _add_transpose_(g2):
+    """``g2 + g2^T`` per output, in place (memory: one ``[r, r]`` temporary at a time, not an ``[o, r, r]`` one)."""
+    for g in g2:
+        g += g.T.contiguous()
+    return g2
+
+
+def symmetrise_(g2):
+    """``0.5 * (g2 + g2^T)`` per output, in place (one ``[r, r]`` temporary at a time; the same values)."""
+    return _add_transpose_(g2).mul_(0.5)
+
+
+def theta_dot(x, y):
+    """Per-output inner products ``<x_o, y_o>`` -> ``[o]``."""
+    return (x[0] * y[0]) + (x[1] * y[1]).sum(1) + (x[2] * y[2]).sum((1, 2))
+
+
+def theta_sub(x, y):
+    """x - y, per output."""
+    return tuple(a - b for a, b in zip(x, y, strict=True))
+
+
+def theta_sub_into(x, y):
+    """``x - y`` per output, written into ``y``'s tensors (``y`` must be fresh: an operator's answer; the same values
+    as ``theta_sub``, one ``[o, r, r]`` tensor fewer)."""
+    import torch
+
+    return tuple(torch.sub(a, b, out=b) if a.dtype == b.dtype else a - b for a, b in zip(x, y, strict=True))
+
+
+def theta_norm(theta):
+    """Per-output norms ``[o]``, 1 where 0 (the denominators of relative residuals)."""
+    n = theta_dot(theta, theta).sqrt()
+    return n.where(n > 0, n.new_ones(()))
+
+
+def relative_residual(res, rhs_norm):
+    """``(per-output relative residual [o], its max as a float)``."""
+    rel_o = theta_dot(res, res).sqrt() / rhs_norm
+    return rel_o, float(rel_o.max())
+
+
+def theta_cast(theta, dtype):
+    return tuple(t.to(dtype) for t in theta)
+
+
+def flatten_theta(theta):
+    """(c [o], b [o, r], A [o, r, r]) -> one ``[o, 1 + r + r^2]`` tensor (the inner product becomes the dot product)."""
+    import torch
+
+    return torch.cat([theta[0][:, None], theta[1], theta[2].reshape(theta[0].shape[0], -1)], 1)
+
+
+def unflatten_theta(F, r: int):
+    """Inverse of ``flatten_theta`` (views, no copies)."""
+    return F[:, 0], F[:, 1 : r + 1], F[:, r + 1 :].reshape(F.shape[0], r, r)
+
+
+def symmetric_part(theta):
+    """(c, b, A) with A replaced by its symmetric part (the operator is self-adjoint on symmetric A only)."""
+    return theta[0], theta[1], 0.5 * (theta[2] + theta[2].transpose(1, 2))
+
+
+def symmetric_part_(theta):
+    """``symmetric_part`` in place (``theta``'s A is overwritten; the same values, one ``[o, r, r]`` temporary instead of two)."""
+    symmetrise_(theta[2])
+    return theta
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def apply_flat(op: MixtureOperator, Z, r: int):
+    """``flatten_theta(apply_cast(op, unflatten_theta(Z, r)))``: the same values, the answer written into one new ``[s, n]`` tensor
+    (memory, issue 12: no second ``[s, r, r]`` copy in ``Z``'s dtype beside the flat block)."""
+    theta = unflatten_theta(Z, r)
+    if op.work_dtype != Z.dtype:
+        theta = theta_cast(theta, op.work_dtype)
+    g = op.apply(theta)
+    del theta
+    out = Z.new_empty(Z.shape)
+    for dst, src in zip(unflatten_theta(out, r), g, strict=True):
+        dst.copy_(src)
+    return out
+
+
+def apply_cast(op: MixtureOperator, theta):
+    """``op.apply`` in ``op``'s working dtype, returned in ``theta``'s dtype."""
+    if op.work_dtype == theta[0].dtype:
+        return op.apply(theta)
+    return theta_cast(op.apply(theta_cast(theta, op.work_dtype)), theta[0].dtype)
