@@ -128,7 +128,7 @@ def main() -> None:
     from mlpinterp.poly.approximant import DensePolynomial
     from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u
     from mlpinterp.poly.mixture.exact import _operator, fit_mixture
-    from mlpinterp.poly.mixture.matrix_free import _dot
+    from mlpinterp.poly.mixture.operator import theta_dot
     from mlpinterp.poly.ridge import fit_ridge
 
     print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} class covariances, torch threads "
@@ -146,7 +146,7 @@ def main() -> None:
     def residual(p, network):
         rhs = op.apply(None, components=[t(quadratic_in_u(fit_ridge(network, c, 2), coords)) for c in mix.components])
         res = [a - b for a, b in zip(rhs, op.apply(t(tensors_in_u(p, coords, 2))), strict=True)]
-        return float((torch.sqrt(_dot(res, res)) / torch.sqrt(_dot(rhs, rhs))).max())
+        return float((torch.sqrt(theta_dot(res, res)) / torch.sqrt(theta_dot(rhs, rhs))).max())
 
     X = mix.sample(20_000, np.random.default_rng(12345))
     rows, sols = {}, {}

@@ -57,7 +57,7 @@ def _kron_preconditioner(op, delta: float):
     """``precondition_flat`` replacement: the exact inverse of ``(delta c, b, 2 C A C) + sum_k pi_k w_k w_k^T``."""
     import torch
 
-    from mlpinterp.poly.mixture.matrix_free import _unflat
+    from mlpinterp.poly.mixture.operator import unflatten_theta
 
     r, S, m = op.r, op._S64, op.m.to(torch.float64)
     pi = torch.tensor(op.pi, dtype=torch.float64)
@@ -87,9 +87,9 @@ def _kron_preconditioner(op, delta: float):
 
     def precondition_flat(F):
         x = F.to(torch.float64)
-        g0, g1, g2 = _unflat(x, r)
+        g0, g1, g2 = unflatten_theta(x, r)
         out = torch.empty_like(x)
-        c, b, A = _unflat(out, r)
+        c, b, A = unflatten_theta(out, r)
         b.copy_(g1)
         c.copy_(g0 / delta)
         A.copy_(0.5 * (Ci @ g2 @ Ci))
@@ -117,7 +117,8 @@ def main() -> None:
     from bench_mixture_mnist import train_mlp
 
     import mlpinterp.poly.mixture.exact as exact
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.operator as op_mod
+    import mlpinterp.poly.mixture.pcg as pcg_mod
     from mlpinterp.gaussian.distributions import GaussianMixture
     from mlpinterp.poly.mixture.coordinates import coordinates_of
 
@@ -158,18 +159,18 @@ def main() -> None:
         del op.precondition_flat
         row(f"kron (C eigenvalues {lo:.2f}-{hi:.2f}, delta {args.kron_delta})", its, cpu, base)
     if "recycle" in args.probes:
-        blocks, apply_flat = [], mf._apply_flat
+        blocks, apply_flat = [], pcg_mod.apply_flat
 
         def recording(o, Z, r):
             Qz = apply_flat(o, Z, r)
             blocks.append((Z.clone(), Qz.clone()))
             return Qz
 
-        mf._apply_flat = recording
+        pcg_mod.apply_flat = recording
         t0 = time.process_time()
         p = exact.fit_mixture(nets[0][0], mix, 2, **kw)
         cold = (p.solver_info["iterations"], p.solver_info["operator_applications"]), time.process_time() - t0
-        mf._apply_flat = apply_flat
+        pcg_mod.apply_flat = apply_flat
         Zs, Qs = torch.cat([z for z, _ in blocks]), torch.cat([q for _, q in blocks])
         del blocks
         galerkin = exact.galerkin_start
@@ -180,8 +181,8 @@ def main() -> None:
             W, MW = T @ Zs[:n], T @ Qs[:n]  # W M W^T = I
 
             def start(anchor, ra, basis, m_basis, W=W, MW=MW):
-                return galerkin(anchor, ra, mf._unflat(torch.cat([W, mf._flat(basis)]), op.r),
-                                mf._unflat(torch.cat([MW, mf._flat(m_basis)]), op.r))
+                return galerkin(anchor, ra, op_mod.unflatten_theta(torch.cat([W, op_mod.flatten_theta(basis)]), op.r),
+                                op_mod.unflatten_theta(torch.cat([MW, op_mod.flatten_theta(m_basis)]), op.r))
 
             def deflated(F, W=W, MW=MW):
                 Z = type(op).precondition_flat(op, F)

@@ -80,7 +80,7 @@ def main() -> None:
                   f"{si['operator_applications']} applications, setup {si['setup_time_s']:.2f}s, "
                   f"residual {si['relative_residual']:.1e}, structure {si['operator_structure']}")
             st = pstats.Stats(prof)
-            st.sort_stats("cumulative").print_stats(r"(matrix_free|exact|coordinates|ridge)\.py", 14)
+            st.sort_stats("cumulative").print_stats(r"(operator|pcg|exact|coordinates|ridge)\.py", 14)
         for dtype in (torch.float64, torch.float32):
             op = _operator(mix, coords, "diagonal", torch.device("cpu"), dtype)
             g = torch.Generator().manual_seed(0)

@@ -148,11 +148,11 @@ def test_fused_operator_equals_sum_of_component_operators():
     # The CG operator batches its passes over components; it must equal the documented per-component formula
     # summed with the mixture weights (the latter is checked against the dense Gram by the test above).
     from mlpinterp.poly.mixture.coordinates import SupportCoordinates
-    from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
+    from mlpinterp.poly.mixture.operator import MixtureOperator
 
     rng = np.random.default_rng(45)
     mix = random_mixture(7, rng, weights=(0.4, 0.3, 0.2, 0.1), ranks=[7, 3, 7, 7])
-    op = _MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", torch.float64)
+    op = MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", torch.float64)
     gen = torch.Generator().manual_seed(0)
     A = torch.randn(3, 7, 7, generator=gen, dtype=torch.float64)
     theta = (torch.randn(3, generator=gen, dtype=torch.float64), torch.randn(3, 7, generator=gen, dtype=torch.float64),
@@ -394,16 +394,16 @@ def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype, blocks, 
     # _apply_fused builds half of g2 and adds its transpose, with the sandwiches S_k A S_k in block-lower parts
     # (issue 12): the values must be those of the out-of-place formula it replaced, to the rounding of the dtype
     # (the summation order changed), and exactly symmetric.
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.operator as op_mod
     from mlpinterp.poly.mixture.coordinates import SupportCoordinates
-    from mlpinterp.poly.mixture.matrix_free import _MixtureOperator
+    from mlpinterp.poly.mixture.operator import MixtureOperator
 
     if blocks is not None:  # the block-lower sandwiches at r = 9: blocks of 3
-        monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
-        monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", 0)
+        monkeypatch.setattr(op_mod, "LOWER_BLOCKS", blocks)
+        monkeypatch.setattr(op_mod, "LOWER_BLOCKS_MIN_R", 0)
     rng = np.random.default_rng(46)
     mix = random_mixture(9, rng, weights=(0.4, 0.3, 0.0, 0.3), ranks=[9, 4, 9, 9])
-    op = _MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", dtype)
+    op = MixtureOperator(SupportCoordinates.of(mix), mix.weights, "diagonal", "cpu", dtype)
     wd = op.work_dtype
     gen = torch.Generator().manual_seed(1)
     A = torch.randn(3, 9, 9, generator=gen, dtype=wd)
@@ -434,3 +434,27 @@ def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype, blocks, 
     assert float((g2 - ref).norm() / ref.norm()) < tol
     assert torch.equal(g2, g2.transpose(1, 2))
     assert torch.equal(g0, pe0.sum(1))
+
+
+def test_progress_never_changes_which_mixture_solver_runs():
+    """``progress=True`` only shows the solve: a degree-2 fit that takes the cached Cholesky route takes it with the
+    bar too (it used to switch to CG), with bit-identical coefficients; CG options still select CG."""
+    from mlpinterp.poly.fit import mixture_route
+
+    rng = np.random.default_rng(41)
+    d = 4
+    mix = random_mixture(d, rng)
+    net = random_net("gelu", d, rng)
+    quiet = fit_polynomial(net, mix, 2)
+    shown = fit_polynomial(net, mix, 2, progress=True)
+    assert quiet.info["method"] == "exact-mixture-dense-cached"
+    assert shown.info["method"] == quiet.info["method"]
+    for a, b in zip(shown.tensors, quiet.tensors, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fit_polynomial(net, mix, 2, tol=1e-12).info["method"] == "exact-mixture-cg"
+    assert mixture_route(2, "auto", d, {"progress": True}) == "cached"
+    assert mixture_route(2, "auto", d, {"progress": True, "maxiter": 10}) == "cg"
+    assert mixture_route(3, "exact", d, {}) == "dense"
+    assert mixture_route(1, "cg", d, {}) == "linear"
+    with pytest.raises(ValueError, match="unknown method 'newton'"):
+        mixture_route(2, "newton", d, {})

@@ -1,4 +1,4 @@
-"""Matrix-free mixture CG (poly/mixture/matrix_free): singular and near-singular operators, honest convergence,
+"""Matrix-free mixture CG (poly/mixture/operator.py, pcg.py): singular and near-singular operators, honest convergence,
 warm starts, float32 with float64 refinement.
 
 Oracle: the normal equations written out densely in the orthonormal coordinates w = (c, b, A_ii, sqrt2 A_ij) of
@@ -21,8 +21,9 @@ import torch
 from mlpinterp import MLP, DensePolynomial, GaussianMixture
 from mlpinterp.poly.mixture.coordinates import coordinates_of, tensors_in_u
 from mlpinterp.poly.mixture.exact import _operator, fit_mixture
-from mlpinterp.poly.mixture.matrix_free import IndefiniteOperatorError, _MixtureOperator, _pcg
 from mlpinterp.poly.mixture.moment_dense import _keys, moment_table
+from mlpinterp.poly.mixture.operator import IndefiniteOperatorError, MixtureOperator
+from mlpinterp.poly.mixture.pcg import pcg
 
 torch.set_num_threads(1)
 
@@ -107,7 +108,7 @@ def _anchored_oracle(mix, net, anchor=None):
     h = G @ _solution_w(fit_mixture(net, mix, 2, method="dense"), mix)  # any solution gives the rhs
     w0 = np.zeros_like(h) if anchor is None else _solution_w(anchor, mix)
     coords = coordinates_of(mix)
-    op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
+    op = MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
     P = _precond_w(op, coords.r)
     P = 0.5 * (P + P.T)
     ev, V = np.linalg.eigh(P)
@@ -245,7 +246,7 @@ def test_indefinite_operator_raises_a_clear_error():
     mix = _mixture(3, [3, 3], rng, jitter=0.1)
     coords = coordinates_of(mix)
 
-    class Negated(_MixtureOperator):
+    class Negated(MixtureOperator):
         def apply(self, theta, components=None):
             return tuple(-t for t in super().apply(theta, components))
 
@@ -254,14 +255,15 @@ def test_indefinite_operator_raises_a_clear_error():
     rhs = (torch.randn(2, generator=g, dtype=torch.float64), torch.randn(2, 3, generator=g, dtype=torch.float64),
            torch.eye(3, dtype=torch.float64).expand(2, 3, 3).clone())
     with pytest.raises(IndefiniteOperatorError, match=r"not positive semi-definite.*outputs \[0, 1\]"):
-        _pcg(op, rhs, tol=1e-10, fvu_tol=0.0, residual_tol=1e-4, window=5, maxiter=50, progress=False)
+        pcg(op, rhs, tol=1e-10, fvu_tol=0.0, residual_tol=1e-4, window=5, maxiter=50, progress=False)
 
 
 def test_galerkin_start_is_the_best_start_in_the_span_and_reports_its_residual():
     # Oracle: the exact solution x* (float64 CG to 1e-12) and direct operator applications. The Galerkin start
     # anchor + D c minimises the energy-norm error <e, M e> over the span: no plain correction (c = e_o) and no
     # perturbed c does better; its reported residual is rhs - M x0 computed directly; and the warm fit records it.
-    from mlpinterp.poly.mixture.matrix_free import _dot, _sub, galerkin_start
+    from mlpinterp.poly.mixture.operator import theta_dot, theta_sub
+    from mlpinterp.poly.mixture.pcg import galerkin_start
 
     rng = np.random.default_rng(5)
     d = 5
@@ -279,14 +281,14 @@ def test_galerkin_start_is_the_best_start_in_the_span_and_reports_its_residual()
     anchor = tuple(0.9 * t for t in xs)  # any anchor: the optimality is over anchor + span(D)
     D = p1._cg_state["correction"]
     MD = op.apply(D)
-    ra = _sub(rhs, op.apply(anchor))
+    ra = theta_sub(rhs, op.apply(anchor))
     x0, res0, C = galerkin_start(anchor, ra, D, MD)
     np.testing.assert_allclose(torch.cat([t.flatten() for t in res0]), torch.cat([t.flatten() for t in
-                               _sub(rhs, op.apply(x0))]), atol=1e-10 * float(_dot(rhs, rhs).sqrt().max()))
+                               theta_sub(rhs, op.apply(x0))]), atol=1e-10 * float(theta_dot(rhs, rhs).sqrt().max()))
 
     def energy(x):
-        e = _sub(x, xs)
-        return _dot(e, op.apply(e))
+        e = theta_sub(x, xs)
+        return theta_dot(e, op.apply(e))
 
     best = energy(x0)
     plain = energy(tuple(a + c for a, c in zip(anchor, D, strict=True)))
@@ -308,7 +310,7 @@ def test_galerkin_start_is_the_best_start_in_the_span_and_reports_its_residual()
 def test_warm_start_gives_the_cold_start_answer(ranks, jitter, init):
     # Two "checkpoints": the second network is a perturbation of the first. Warm-starting from the first's
     # result must give the cold-start answer of the second, also on a singular operator (the warm start is the new
-    # anchor plus the old correction, see matrix_free), starting from a far smaller residual.
+    # anchor plus the old correction, see pcg), starting from a far smaller residual.
     rng = np.random.default_rng(11)
     d = 7  # block CG exhausts the Krylov space of d = 5 in about 10 steps, warm or cold
     mix = _mixture(d, ranks, rng, jitter=jitter)
@@ -441,9 +443,9 @@ def test_bfloat16_default_rule_meets_the_float64_targets_on_digits(digits_lw):
     t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
     rhs = op.apply(None, components=[t(quadratic_in_u(fit_ridge(net, c, 2), coords)) for c in mix.components])
     res = [a - b for a, b in zip(rhs, op.apply(t(tensors_in_u(p, coords, 2))), strict=True)]
-    from mlpinterp.poly.mixture.matrix_free import _dot
+    from mlpinterp.poly.mixture.operator import theta_dot
 
-    rel = float((torch.sqrt(_dot(res, res)) / torch.sqrt(_dot(rhs, rhs))).max())
+    rel = float((torch.sqrt(theta_dot(res, res)) / torch.sqrt(theta_dot(rhs, rhs))).max())
     assert rel == pytest.approx(si["relative_residual"], rel=1e-3, abs=1e-12)
 
 
@@ -521,10 +523,10 @@ def test_reduced_precision_falls_back_to_float64_when_its_sweeps_stall(monkeypat
     # A one-step budget per float32 (and bfloat16) sweep makes them stall: the remaining sweeps must run one
     # precision up, each switch must be listed, and the answer must be the float64 one (from bfloat16, the float64
     # sweeps start from a residual recomputed in float64: the float32 updates in between are not exact).
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.pcg as pcg_mod
 
-    monkeypatch.setitem(mf.SWEEP_MAXITER, "float32", 1)
-    monkeypatch.setitem(mf.SWEEP_MAXITER, "bfloat16", 1)
+    monkeypatch.setitem(pcg_mod.SWEEP_MAXITER, "float32", 1)
+    monkeypatch.setitem(pcg_mod.SWEEP_MAXITER, "bfloat16", 1)
     rng = np.random.default_rng(22)
     mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
     net = _net(6, rng, d_out=3)
@@ -545,10 +547,10 @@ def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, mi
     # H + H^T = sum_k 2 pi_k S_k A_j S_k from GEMMs that compute only the lower part of each block column (uneven
     # last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R, one block below it): against the
     # float64 sum, to the dtype's rounding, with a zero weight among the components; H's prior content is kept.
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.operator as op_mod
 
-    monkeypatch.setattr(mf, "LOWER_BLOCKS", blocks)
-    monkeypatch.setattr(mf, "LOWER_BLOCKS_MIN_R", min_r)
+    monkeypatch.setattr(op_mod, "LOWER_BLOCKS", blocks)
+    monkeypatch.setattr(op_mod, "LOWER_BLOCKS_MIN_R", min_r)
     rng = np.random.default_rng(3)
     o, K = 2, 3
     L = rng.standard_normal((K, r, r)) / np.sqrt(r)
@@ -560,7 +562,7 @@ def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, mi
     work = torch.float64 if dtype == torch.float64 else torch.float32
     base = torch.tensor(rng.standard_normal((o, r, r)), dtype=work)
     St = torch.tensor(S).to(dtype)
-    H = mf._add_sandwiches(base.clone(), torch.tensor(A).to(dtype), lambda k: St[k], pi)
+    H = op_mod._add_sandwiches(base.clone(), torch.tensor(A).to(dtype), lambda k: St[k], pi)
     got = (H + H.transpose(1, 2) - base - base.transpose(1, 2)).double().numpy()
     tol = {torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # bfloat16: ~2^-8 per rounding
     assert _rel(got, want) < tol
@@ -569,15 +571,15 @@ def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, mi
 def test_a_float64_sweep_that_raises_the_residual_is_discarded(monkeypatch):
     # A sweep whose correction makes the true residual worse must be thrown away, not kept: its sign is flipped
     # here, so the solve must stop with the starting point, say so, and not report convergence.
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.pcg as pcg_mod
 
-    inner = mf._inner_pcg
+    inner = pcg_mod._inner_pcg
 
     def flipped(*args, **kwargs):
         d, *rest = inner(*args, **kwargs)
         return (tuple(-t for t in d), *rest)
 
-    monkeypatch.setattr(mf, "_inner_pcg", flipped)
+    monkeypatch.setattr(pcg_mod, "_inner_pcg", flipped)
     rng = np.random.default_rng(22)
     mix = _mixture(6, [6, 4, 6], rng, jitter=0.05)
     net = _net(6, rng, d_out=3)
@@ -591,9 +593,9 @@ def test_a_float64_sweep_that_raises_the_residual_is_discarded(monkeypatch):
 def test_bfloat16_falls_back_to_float32_when_its_sweeps_stall(monkeypatch):
     # A one-step budget per bfloat16 sweep makes the sweeps stall: the solver must switch to float32 sweeps, say
     # so, and still reach the float64 answer (never loop, never report a false convergence).
-    import mlpinterp.poly.mixture.matrix_free as mf
+    import mlpinterp.poly.mixture.pcg as pcg_mod
 
-    monkeypatch.setitem(mf.SWEEP_MAXITER, "bfloat16", 1)
+    monkeypatch.setitem(pcg_mod.SWEEP_MAXITER, "bfloat16", 1)
     rng = np.random.default_rng(22)
     d = 6
     mix = _mixture(d, [6, 4, 6], rng, jitter=0.05)
@@ -708,7 +710,7 @@ def test_operator_keeps_no_per_dtype_covariance_copies_and_its_views_are_the_old
     coords = coordinates_of(mix)
     K, r = coords.covs.shape[:2]
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
-        op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
+        op = MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
         wd = op.work_dtype
         big = [k for k, v in vars(op).items() if isinstance(v, torch.Tensor) and v.numel() >= K * r * r
                and v.dtype in (torch.float32, torch.float64) and k != "_S64"]
@@ -723,26 +725,26 @@ def test_operator_keeps_no_per_dtype_covariance_copies_and_its_views_are_the_old
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dtype):
-    from mlpinterp.poly.mixture.matrix_free import (
-        _apply_cast,
-        _apply_flat,
-        _flat,
-        _sub,
-        _sub_into,
-        _sym,
-        _sym_,
-        _unflat,
+    from mlpinterp.poly.mixture.operator import (
+        apply_cast,
+        apply_flat,
+        flatten_theta,
+        symmetric_part,
+        symmetric_part_,
+        theta_sub,
+        theta_sub_into,
+        unflatten_theta,
     )
 
     rng = np.random.default_rng(22)
     mix = _mixture(7, [7, 3, 7], rng, jitter=0.05)
     coords = coordinates_of(mix)
     r = coords.r
-    op = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
-    op64 = _MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
+    op = MixtureOperator(coords, mix.weights, "diagonal", "cpu", dtype)
+    op64 = MixtureOperator(coords, mix.weights, "diagonal", "cpu", torch.float64)
     gen = torch.Generator().manual_seed(3)
     R = torch.randn(4, 1 + r + r * r, generator=gen, dtype=torch.float64)
-    g0, g1, g2 = _unflat(R, r)
+    g0, g1, g2 = unflatten_theta(R, r)
     eye = torch.eye(r, dtype=torch.float64)
     A_pooled = 0.5 * (g2 - g0[:, None, None] * eye)
     A_diag = g2 * op64.Finv  # the preconditioners written out (module docstring): the oracle of each kind
@@ -752,26 +754,26 @@ def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dt
                 "diagonal": (sol[:, 0], g1, A_diag)}
     for kind in ("diagonal", "pooled", "none"):
         op64.kind = kind
-        assert torch.equal(op64.precondition_flat(R), _flat(expected[kind]))
-        assert torch.equal(op64.precondition_flat(R), _flat(op64.precondition(_unflat(R, r))))
-        assert torch.equal(op64.precondition_flat(R[1:3]), _flat(op64.precondition(_unflat(R.index_select(
+        assert torch.equal(op64.precondition_flat(R), flatten_theta(expected[kind]))
+        assert torch.equal(op64.precondition_flat(R), flatten_theta(op64.precondition(unflatten_theta(R, r))))
+        assert torch.equal(op64.precondition_flat(R[1:3]), flatten_theta(op64.precondition(unflatten_theta(R.index_select(
             0, torch.tensor([1, 2])), r))))
-    assert torch.equal(_apply_flat(op, R, r), _flat(_apply_cast(op, _unflat(R, r))))
-    x, y = _unflat(R[:2].clone(), r), _unflat(R[2:].clone(), r)
-    ref = _sym(_sub(x, y))
-    got = _sym_(_sub_into(x, tuple(t.clone() for t in y)))
+    assert torch.equal(apply_flat(op, R, r), flatten_theta(apply_cast(op, unflatten_theta(R, r))))
+    x, y = unflatten_theta(R[:2].clone(), r), unflatten_theta(R[2:].clone(), r)
+    ref = symmetric_part(theta_sub(x, y))
+    got = symmetric_part_(theta_sub_into(x, tuple(t.clone() for t in y)))
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
     # mixed dtypes (a bfloat16 sweep's float32 update of a float64 residual): promoted, not written into float32
     y32 = tuple(t.to(torch.float32) for t in y)
-    got = _sub_into(x, tuple(t.clone() for t in y32))
-    assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(got, _sub(x, y32), strict=True))
+    got = theta_sub_into(x, tuple(t.clone() for t in y32))
+    assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(got, theta_sub(x, y32), strict=True))
 
 
 @pytest.mark.parametrize("init", ["pooled", "zero"])
 def test_warm_state_is_consistent_after_a_warm_start(init):
     # the solver keeps neither the anchor nor its residual through a warm-started solve (memory, issue 12) and
     # rebuilds them for the state: M (x - anchor) must still be the stored m_correction, cold and warm
-    from mlpinterp.poly.mixture.matrix_free import _apply_cast
+    from mlpinterp.poly.mixture.operator import apply_cast
 
     rng = np.random.default_rng(23)
     d = 6
@@ -785,7 +787,7 @@ def test_warm_state_is_consistent_after_a_warm_start(init):
     op = _operator(mix, coordinates_of(mix), "diagonal", torch.device("cpu"), torch.float64)
     for p in (p1, p2):
         st = p._cg_state
-        m = _apply_cast(op, st["correction"])
+        m = apply_cast(op, st["correction"])
         for a, b in zip(st["m_correction"], m, strict=True):
             assert float((a - b).norm()) <= 1e-9 * max(float(b.norm()), 1e-300)
     cold = fit_mixture(net2, mix, 2, **kw)
@@ -796,7 +798,7 @@ def test_warm_state_is_consistent_after_a_warm_start(init):
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 def test_factored_apply_matches_the_generic_operator(act):
     # the right-hand side and the anchor's M theta from the ridge factors (factored.py) against the generic
-    # per-component operator on the formed [o, r, r] tensors (matrix_free._component_apply), on a rank-deficient
+    # per-component operator on the formed [o, r, r] tensors (operator._component_apply), on a rank-deficient
     # mixture with a zero-weight component
     from mlpinterp.poly.mixture.coordinates import quadratic_in_u
     from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u

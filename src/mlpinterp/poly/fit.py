@@ -30,7 +30,7 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         cross-moments, Isserlis feature covariance; small d_in only; returns ``DensePolynomial``).
         Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"`` is a dense
         Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 (``poly/mixture/cached_dense.py``), else
-        matrix-free preconditioned CG (``"cg"``, ``poly/mixture/matrix_free.py``); ``"dense"`` builds the monomial
+        matrix-free preconditioned CG (``"cg"``, ``poly/mixture/pcg.py``; see :func:`mixture_route`); ``"dense"`` builds the monomial
         Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
         schedule-free SGD on mixture samples), for comparison only.
     options : passed to the solver (``tol``, ``fvu_tol``, ``maxiter``, ``device``, ``dtype``, ``warm_start``, ``init``, ...;
@@ -83,25 +83,55 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
             return fit_ols(network, distribution, degree, **options)
         raise ValueError(f"method must be 'auto', 'ridge' or 'ols' under a Gaussian, got {method!r}")
 
-    if method == "sgd":
+    route = mixture_route(degree, method, network.d_in, options)
+    if route == "sgd":
         from mlpinterp.poly.mixture.sgd import fit_sgd
 
         return fit_sgd(network, distribution, degree, **options)
-    if degree <= 1 and method in ("auto", "exact", "dense", "cg"):
+    if route == "linear":
         from mlpinterp.poly.mixture.linear import fit_mixture_linear
 
         _no_options(options, "degree <= 1 under a GaussianMixture (closed form, no solver options)")
         return fit_mixture_linear(network, distribution, degree)
-    if degree == 2 and method in ("auto", "exact") and not options:
-        from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count, fit_mixture_quadratic_cached
+    if route == "cached":
+        from mlpinterp.poly.mixture.cached_dense import fit_mixture_quadratic_cached
 
-        if feature_count(network.d_in) <= MAX_FEATURES:
-            return fit_mixture_quadratic_cached(network, distribution)
-    if method in ("auto", "exact", "cg", "dense"):
-        from mlpinterp.poly.mixture.exact import fit_mixture
+        return fit_mixture_quadratic_cached(network, distribution)
+    from mlpinterp.poly.mixture.exact import fit_mixture
 
-        return fit_mixture(network, distribution, degree, method=method, **options)
-    raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")
+    return fit_mixture(network, distribution, degree, method=route, **options)
+
+
+#: Options that change how a solve is shown, never which solver runs or what it computes.
+PRESENTATION_OPTIONS = frozenset({"progress"})
+
+
+def mixture_route(degree: int, method: str, d_in: int, options: dict) -> str:
+    """The solver ``fit_polynomial`` runs under a ``GaussianMixture``: ``"linear"``, ``"cached"``, ``"cg"``,
+    ``"dense"`` or ``"sgd"`` (the one place where the mixture methods are dispatched).
+
+    Degree <= 1 is the closed form (``"linear"``) for every exact method. Degree 2 with ``"auto"``/``"exact"`` is
+    the dense Cholesky solve cached per mixture (``"cached"``) when its feature count fits
+    (``cached_dense.MAX_FEATURES``) and no option of the CG solver is given, else ``"cg"``; other degrees with
+    ``"auto"``/``"exact"`` are ``"dense"``. Options in :data:`PRESENTATION_OPTIONS` (``progress``) never change the
+    route.
+
+    Raises ``ValueError`` for an unknown method.
+    """
+    if method == "sgd":
+        return "sgd"
+    if method not in ("auto", "exact", "cg", "dense"):
+        raise ValueError(f"unknown method {method!r} for a GaussianMixture; use 'auto', 'cg', 'dense' or 'sgd'")
+    if degree <= 1:
+        return "linear"
+    if method in ("cg", "dense"):
+        return method
+    if degree == 2:
+        from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count
+
+        solver_options = set(options) - PRESENTATION_OPTIONS
+        return "cached" if not solver_options and feature_count(d_in) <= MAX_FEATURES else "cg"
+    return "dense"
 
 
 def _no_options(options: dict, where: str) -> None:

@@ -10,7 +10,7 @@ The right-hand side needs no new integrals: under component k the single-Gaussia
 the coefficients of p_k. G, its eigendecomposition and the G_k depend only on the mixture, so they are cached
 per mixture: fitting every checkpoint of a training run costs K single-Gaussian fits and K matrix-vector
 products. Intended for feature dimension (r+1)(r+2)/2 <= ~5,000 (r = support dimension), e.g. 8x8 digits;
-MNIST-scale problems use the matrix-free CG solver of ``matrix_free.py``.
+MNIST-scale problems use the matrix-free CG solver of ``pcg.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Public entry point of the exact mixture solvers of degree >= 2: ``fit_mixture`` (Rigg & Belrose 2025, §3.4, §4).
 
-``method="cg"`` (degree 2, any size) is the matrix-free solver of ``matrix_free.py``; ``method="dense"``
+``method="cg"`` (degree 2, any size) is the matrix-free solver of ``pcg.py`` on the operator of ``operator.py``; ``method="dense"``
 (any degree, small support) the moment-table solve of ``moment_dense.py``. Both work in the whitened
 support coordinates of ``coordinates.py``.
 """
@@ -19,17 +19,16 @@ from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
 from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
 from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u
-from mlpinterp.poly.mixture.matrix_free import (
+from mlpinterp.poly.mixture.moment_dense import solve_dense
+from mlpinterp.poly.mixture.operator import (
     PRECONDITIONERS,
-    _apply_cast,
-    _MixtureOperator,
-    _norm,
-    _pcg,
-    _rel,
-    _sub,
-    galerkin_start,
+    MixtureOperator,
+    apply_cast,
+    relative_residual,
+    theta_norm,
+    theta_sub,
 )
-from mlpinterp.poly.mixture.moment_dense import _solve_dense
+from mlpinterp.poly.mixture.pcg import galerkin_start, pcg
 from mlpinterp.poly.ridge import fit_ridge
 from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
 
@@ -115,17 +114,17 @@ def fit_mixture(
     tol : CG has converged when the true relative residual ``||rhs - M theta|| / ||rhs||`` (recomputed in
         float64) of every output is <= tol ...
     fvu_tol : ... or when the estimated excess FVU of the iterate over the exact optimum (CG's energy-norm
-        error summed over the last ``window`` steps, relative to the explained variance; see ``matrix_free._pcg``)
+        error summed over the last ``window`` steps, relative to the explained variance; see ``pcg.pcg``)
         is <= fvu_tol and the true relative residual is <= ``residual_tol``. Pass 0 to stop on the residual only.
     window : number of CG steps in the excess-FVU estimate.
     maxiter : CG iteration limit (all refinement sweeps together).
-    preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see ``matrix_free``).
+    preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see ``operator``).
     init : CG's anchor and start: ``"pooled"`` (default; the exact quadratic under the pooled Gaussian) or
         ``"zero"``. On a singular operator the answer off the components' supports is the solution closest to
-        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``matrix_free``).
+        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``pcg``).
     warm_start : the previous checkpoint's ``fit_mixture`` result under the same mixture (method ``"cg"``, same
         ``init``): CG starts from the new anchor plus the best combination of its per-output corrections (the
-        Galerkin start of ``matrix_free.galerkin_start``, on a non-singular operator; the plain correction on a
+        Galerkin start of ``pcg.galerkin_start``, on a non-singular operator; the plain correction on a
         singular one; ``solver_info["galerkin_start"]`` gives its initial residual) and returns the cold start's
         answer, to the solver's tolerance. Any other degree <= 2 polynomial is used as a plain starting point
         (``solver_info["canonical"]`` is then False on a singular operator).
@@ -205,7 +204,7 @@ def fit_mixture(
         "distribution": f"GaussianMixture(K={mixture.K})", "degree": degree, "d_in": network.d_in,
     }
     if method == "dense":
-        tensors_u, sinfo = _solve_dense(network, mixture, coords, degree)
+        tensors_u, sinfo = solve_dense(network, mixture, coords, degree)
         info["method"] = "exact-mixture-dense"
     else:
         tensors_u, sinfo, state = _solve_cg(network, mixture, coords, tol=float(tol), fvu_tol=float(fvu_tol),
@@ -225,21 +224,21 @@ def fit_mixture(
     info["solver_info"] = sinfo
     out = DensePolynomial(tuple(raw), info=info)
     if method == "cg":
-        object.__setattr__(out, "_cg_state", state)  # for warm starts (matrix_free: anchor + correction)
+        object.__setattr__(out, "_cg_state", state)  # for warm starts (pcg: anchor + correction)
     return out
 
 
 
 _OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> _MixtureOperator:
+def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> MixtureOperator:
     """The mixture's operator and preconditioner, cached per (mixture, preconditioner, device, dtype)."""
     ops = _OPERATORS.setdefault(mixture, {})
     key = (preconditioner, str(device), str(dtype))
     if key not in ops:
         like = next((op for k, op in ops.items() if k[0] == preconditioner and k[1] == str(device)), None)
         structure = next((op.structure for op in ops.values() if op.structure == "nonsingular"), None)
-        ops[key] = _MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure,
+        ops[key] = MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure,
                                     like=like)
     return ops[key]
 
@@ -286,8 +285,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
         if init != "pooled":
             return rhs
         if pooled_factors is not None:
-            return _sub(rhs, apply_factored(op64, pooled_factors))
-        return _sub(rhs, _apply_cast(fallback or op64, anchor))
+            return theta_sub(rhs, apply_factored(op64, pooled_factors))
+        return theta_sub(rhs, apply_cast(fallback or op64, anchor))
 
     t_rhs = time.perf_counter()
     structure = op64.structure
@@ -315,9 +314,9 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             if state.get("m_correction") is not None and structure == "nonsingular":
                 mcorr = tuple(torch.as_tensor(c, device=dev) for c in state["m_correction"])
                 x0, res0, C = galerkin_start(anchor, ra, corr, mcorr)
-                rhs_norm = _norm(rhs)
-                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": _rel(res0, rhs_norm)[1],
-                            "plain_warm_relative_residual": _rel(_sub(ra, mcorr), rhs_norm)[1]}
+                rhs_norm = theta_norm(rhs)
+                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": relative_residual(res0, rhs_norm)[1],
+                            "plain_warm_relative_residual": relative_residual(theta_sub(ra, mcorr), rhs_norm)[1]}
             else:
                 x0, res0 = tuple(a + c for a, c in zip(anchor, corr, strict=True)), None
         else:
@@ -330,7 +329,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     del anchor
     if res0 is not ra:
         ra = None
-    x, sinfo, res = _pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
+    x, sinfo, res = pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                          maxiter=maxiter, progress=progress, x0=x0, inner=inner, fallback=fallback, res0=res0,
                          return_residual=True)
     del x0, res0  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
@@ -361,7 +360,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     anchor = anchor_of()
     if ra is None:
         ra = anchor_residual(rhs, anchor)
-    m_correction = _sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
+    m_correction = theta_sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
     del ra, res, rhs  # memory: not needed below (the right-hand side and residuals, 49 MB each at MNIST scale)
     state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
              "correction": tuple((a - b).detach() for a, b in zip(x, anchor, strict=True)),  # fresh tensors

@@ -1,7 +1,7 @@
 """The mixture operator applied to ridge quadratics in factored form: the right-hand side and the anchor's residual.
 
 The right-hand side of the mixture normal equations is ``sum_k pi_k M_k theta_k`` with ``theta_k`` the
-single-Gaussian quadratic of component k (``matrix_free`` module docstring), and the pooled-Gaussian anchor's
+single-Gaussian quadratic of component k (``operator`` module docstring), and the pooled-Gaussian anchor's
 residual needs ``M theta_pool``. These quadratics come from ``fit_ridge`` on an MLP, so their quadratic part has
 rank <= d_hidden per output: in u coordinates ``A_o = L^T diag(w_o) L`` with ``L = A_ridge R`` ``[h, r]`` and
 ``w = W2 * gamma`` ``[o, h]`` (``coordinates.quadratic_in_u``). With ``G_k = L S_k`` ``[h, r]``:
@@ -13,7 +13,7 @@ so one application costs ``2 K h r^2`` for the ``G_k`` plus, per output, one GEM
 ``A_k`` (``2 o h r^2``) and the generic ``S_k A_k S_k`` (``4 o r^3``) per component: at MNIST scale (r = 712,
 h = 512, K = o = 10) 57 instead of 196 GFLOP, in float64, and without the generic path's dozen ``[o, r, r]``
 temporaries per component (measured in ``docs/polynomial.md``). The moment formulas are those of
-``matrix_free._component_apply`` (Isserlis' theorem); the result is the same tensors to rounding
+``operator._component_apply`` (Isserlis' theorem); the result is the same tensors to rounding
 (``tests/test_mixture_cg.py``). GLU ridge quadratics (a gate-residual term, not of this form) use the generic path.
 """
 
@@ -60,7 +60,7 @@ def factored_quadratic_in_u(p: RidgePolynomial, coords: SupportCoordinates) -> F
 def apply_factored(op, quadratics):
     """``sum_k pi_k M_k theta_k`` (``op.apply(None, components=...)``) for factored ``theta_k``, in float64.
 
-    op : the float64 ``matrix_free._MixtureOperator`` (its means are kept in its working dtype)
+    op : the float64 ``operator.MixtureOperator`` (its means are kept in its working dtype)
     quadratics : K ``FactoredQuadratic`` (one per component, in the mixture's order) or a single one, used for
         every component (``M theta``, e.g. for the pooled-Gaussian anchor)
     Returns ``(g0 [o], g1 [o, r], g2 [o, r, r])`` float64 tensors on the operator's device.

@@ -98,7 +98,7 @@ def _largest_dim(degree: int) -> int:
     return d
 
 
-def _solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoordinates, degree: int):
+def solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoordinates, degree: int):
     """Dense normal equations in the monomials of u; returns tensors in u and solver diagnostics."""
     r = coords.r
     n_feat = _dense_feature_count(r, degree)
