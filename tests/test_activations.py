@@ -169,3 +169,35 @@ def test_activation_is_frozen():
     with pytest.raises(AttributeError):
         act.name = "x"  # type: ignore[misc]
     assert isinstance(act, Activation)
+
+
+def test_base_layers_import_nothing_above_them():
+    """The activation registry, the Gaussian math and the network containers load without any package above them
+    (Hugging Face import, polynomials, real-model plumbing, methods)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mlpinterp.gaussian.activations, mlpinterp.gaussian.distributions, mlpinterp.networks; "
+            "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('mlpinterp.')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert set(eval(out)) <= {"gaussian", "networks", "utils"}, out
+
+
+def test_module_resolver_routes_another_librarys_modules(monkeypatch):
+    import torch
+
+    from mlpinterp.gaussian import activations as reg
+
+    class Foreign(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    Foreign.__module__ = "fakelib.activations"
+    with pytest.raises(TypeError, match="not a supported elementwise activation"):
+        get_activation(Foreign())  # no resolver for fakelib: refused, never guessed
+    monkeypatch.setitem(reg._MODULE_RESOLVERS, "fakelib.", lambda m: get_activation("relu"))
+    assert get_activation(Foreign()).name == "relu"
+    with pytest.raises(TypeError, match="module_prefix must be a non-empty str"):
+        reg.register_module_resolver("", lambda m: None)
+    with pytest.raises(TypeError, match="resolve must be callable"):
+        reg.register_module_resolver("fakelib.", 3)

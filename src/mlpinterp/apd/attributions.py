@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from mlpinterp.paramspace.components import Components
-from mlpinterp.paramspace.forward import _param_weights, _patched, run_with_components
+from mlpinterp.paramspace.forward import param_weights, patched, run_with_components
 from mlpinterp.utils.validation import check_batch_tensor
 
 SOURCES = ("target", "apd")
@@ -140,7 +140,7 @@ def _forward_mode(model: nn.Module, comps: Components, x: torch.Tensor, base: bo
         state["delta"] = delta
         if not has_params:
             return model(x)
-        weights = _param_weights(model, comps, eps if base else 1.0 + eps, base)
+        weights = param_weights(model, comps, eps if base else 1.0 + eps, base)
         return torch.func.functional_call(model, weights, (x,), strict=False)
 
     def tangent_out(c: torch.Tensor) -> torch.Tensor:
@@ -148,7 +148,7 @@ def _forward_mode(model: nn.Module, comps: Components, x: torch.Tensor, base: bo
         t_eps = (torch.arange(C, device=x.device) == c).to(x.dtype)
         return torch.func.jvp(f, (delta0, eps0), (t_delta, t_eps))[1]
 
-    with _patched(model, comps, state):
+    with patched(model, comps, state):
         J = torch.func.vmap(tangent_out, chunk_size=chunk_size)(torch.arange(C, device=x.device))
     return J.pow(2).flatten(2).sum(-1).T  # [C, batch, ...] -> [batch, C]
 

@@ -39,7 +39,16 @@ import difflib
 from dataclasses import dataclass
 
 from mlpinterp.hf.activation import resolve_activation
-from mlpinterp.hf.layouts import ACT_ATTRS, LAYOUTS, Layout, _get, check_forward, find_act, match_layout, read_network
+from mlpinterp.hf.layouts import (
+    ACT_ATTRS,
+    LAYOUTS,
+    Layout,
+    check_forward,
+    find_act,
+    get_part,
+    match_layout,
+    read_network,
+)
 from mlpinterp.networks import GLU, MLP
 
 __all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]
@@ -183,7 +192,7 @@ def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
         return ValueError(f"{path!r} ({cls}) has the projections of a {no_act.family} FFN "
                           f"({', '.join(no_act.projections)}) but no activation: looked for attributes "
                           f"{', '.join(dict.fromkeys((no_act.act, *ACT_ATTRS)))}; children found: {children}")
-    partial = [lay for lay in LAYOUTS if any(_get(block, p) is not None for p in lay.projections)]
+    partial = [lay for lay in LAYOUTS if any(get_part(block, p) is not None for p in lay.projections)]
     if partial:
         expected = "; ".join(lay.describe() for lay in LAYOUTS)
         return ValueError(f"{path!r} ({cls}) looks like an FFN block but its structure is not supported: found "

@@ -97,7 +97,7 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 
 
-def _get(module, dotted: str):
+def get_part(module, dotted: str):
     """``module.<dotted>`` (attributes, not only submodules: an activation may be a plain function), or None."""
     obj = module
     for part in dotted.split("."):
@@ -116,7 +116,7 @@ def _is_projection(obj) -> bool:
 def find_act(block, layout: Layout):
     """``(attribute path, activation object)`` of ``block`` for ``layout``, or ``(None, None)``."""
     for name in (layout.act, *ACT_ATTRS):
-        obj = _get(block, name)
+        obj = get_part(block, name)
         if obj is not None and callable(obj):
             return name, obj
     return None, None
@@ -125,7 +125,7 @@ def find_act(block, layout: Layout):
 def match_layout(block, layouts=LAYOUTS, need_act: bool = True) -> Layout | None:
     """The first layout whose projections are all present in ``block`` (with an activation if ``need_act``)."""
     for layout in layouts:
-        if all(_is_projection(_get(block, p)) for p in layout.projections):
+        if all(_is_projection(get_part(block, p)) for p in layout.projections):
             if not need_act or find_act(block, layout)[1] is not None:
                 return layout
     return None
@@ -178,7 +178,7 @@ def read_network(block, layout: Layout, activation, where: str) -> MLP | GLU:
 
     Raises ``ValueError`` (meta / quantised / non-finite weights, mismatched shapes) naming the projection.
     """
-    p = {name: _weight(_get(block, name), f"{where}.{name}") for name in layout.projections}
+    p = {name: _weight(get_part(block, name), f"{where}.{name}") for name in layout.projections}
     W2, b2 = p[layout.down]
     if not layout.gated:
         W1, b1 = p[layout.up]
@@ -236,7 +236,7 @@ def check_forward(block, layout: Layout, network: MLP | GLU, where: str, act=Non
 
     from mlpinterp.utils.modes import eval_mode
 
-    first = _get(block, layout.projections[0])
+    first = get_part(block, layout.projections[0])
     dtype, device = first.weight.dtype, first.weight.device
     gen = torch.Generator().manual_seed(0)
     x64 = torch.randn(8, network.d_in, generator=gen, dtype=torch.float64)
@@ -248,12 +248,12 @@ def check_forward(block, layout: Layout, network: MLP | GLU, where: str, act=Non
             if own:
                 ref = block(x)
             elif layout.fused:
-                gate, up = _get(block, layout.up)(x).chunk(2, dim=-1)
-                ref = _get(block, layout.down)(act(gate) * up)
+                gate, up = get_part(block, layout.up)(x).chunk(2, dim=-1)
+                ref = get_part(block, layout.down)(act(gate) * up)
             elif layout.gated:
-                ref = _get(block, layout.down)(act(_get(block, layout.gate)(x)) * _get(block, layout.up)(x))
+                ref = get_part(block, layout.down)(act(get_part(block, layout.gate)(x)) * get_part(block, layout.up)(x))
             else:
-                ref = _get(block, layout.down)(act(_get(block, layout.up)(x)))
+                ref = get_part(block, layout.down)(act(get_part(block, layout.up)(x)))
     except Exception as e:  # noqa: BLE001 - reported with the block's path
         raise ValueError(f"{where}: running the block on an input [8, {network.d_in}] of dtype {dtype} to check "
                          f"the import failed ({type(e).__name__}: {e})") from e

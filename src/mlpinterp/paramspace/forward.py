@@ -77,7 +77,11 @@ def _linear_forward(mod: nn.Linear, site: Site, comps: Components, state: dict):
 
 
 @contextmanager
-def _patched(model: nn.Module, comps: Components, state: dict) -> Iterator[None]:
+def patched(model: nn.Module, comps: Components, state: dict) -> Iterator[None]:
+    """For the duration, every ``nn.Linear`` site of ``model`` computes its masked forward from ``comps`` as ``state``
+    says (``coef``: ``None``, ``[C]``/``[batch, C]`` or a per-site mapping; ``base``; ``components``; ``only``: the
+    sites that use components; ``delta``: per-site output tangents added); the modules' own forward is restored
+    after. Parameter sites are not patched: pass their weights from :func:`param_weights` to a functional call."""
     mods = []
     try:
         for s in comps.sites:
@@ -91,8 +95,8 @@ def _patched(model: nn.Module, comps: Components, state: dict) -> Iterator[None]
             del mod.forward
 
 
-def _param_weights(model: nn.Module, comps: Components, coef, base: bool,
-                   only: frozenset | None = None) -> dict[str, torch.Tensor]:
+def param_weights(model: nn.Module, comps: Components, coef, base: bool,
+                  only: frozenset | None = None) -> dict[str, torch.Tensor]:
     """Weights of the parameter sites for a shared ``coef`` (``None``/``[C]``) or a per-site mapping of them."""
     out = {}
     for s in comps.sites:
@@ -187,11 +191,11 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
     batched = {k: v for k, v in per_site.items() if v is not None and v.ndim == 2}
     state: dict = {"coef": coef, "base": base, "only": only}
     if not param_sites:
-        with _patched(model, comps, state):
+        with patched(model, comps, state):
             return model(x)
     if not any(s.name in batched or s.name in base_n for s in param_sites):
-        with _patched(model, comps, state):
-            return torch.func.functional_call(model, _param_weights(model, comps, coef, base, only), (x,),
+        with patched(model, comps, state):
+            return torch.func.functional_call(model, param_weights(model, comps, coef, base, only), (x,),
                                               strict=False)
     static = {k: v for k, v in per_site.items() if k not in batched}
     # per-sample weights of the parameter sites, one GEMM per site ([batch, C] @ [C, d_out d_in]), outside vmap
@@ -215,7 +219,7 @@ def run_with_components(model: nn.Module, comps: Components, x: torch.Tensor,
         state["base"] = base if isinstance(base, bool) else {k: v[None] for k, v in bb.items()}
         return torch.func.functional_call(model, wb, (xb[None],), strict=False)[0]
 
-    with _patched(model, comps, state):
+    with patched(model, comps, state):
         return torch.func.vmap(one)(x, batched, base_n, weights)
 
 
