@@ -37,7 +37,7 @@ import numpy as np
 from mlpinterp.networks import GLU, MLP
 from mlpinterp.utils.validation import to_numpy
 
-__all__ = ["ACT_ATTRS", "LAYOUTS", "Layout", "check_forward", "find_act", "match_layout", "network_from_module",
+__all__ = ["ACT_ATTRS", "LAYOUTS", "Layout", "check_forward", "find_act", "from_module", "get_part", "match_layout",
            "read_network"]
 
 #: Attribute names that may hold a block's activation (module or function), tried after the layout's own.
@@ -318,10 +318,10 @@ def from_module(module, activation=None, *, gated: bool | None = None) -> MLP | 
         glu_parts = isinstance(module, nn.Module) and match_layout(
             module, [lay for lay in LAYOUTS if lay.gated], need_act=False) is not None
         gated = bool(glu_parts)
-    return network_from_module(module, activation, gated=gated)
+    return _network_from_module(module, activation, gated=gated)
 
 
-def network_from_module(module, activation=None, gated: bool = False) -> MLP | GLU:
+def _network_from_module(module, activation=None, gated: bool = False) -> MLP | GLU:
     """``MLP`` (``gated=False``) or ``GLU`` from a user's module with named parts (see :data:`LAYOUTS`).
 
     The activation is ``activation`` if given (name, Activation, module or callable), else the module's
