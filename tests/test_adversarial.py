@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 from scipy import integrate, stats
 from typer.testing import CliRunner
 
@@ -30,8 +31,9 @@ from mlpinterp.data.idx import decode_idx
 from mlpinterp.gaussian import bivariate, univariate
 from mlpinterp.models import Classifier, ClassifierConfig, load_classifier
 from mlpinterp.poly import spectral
-from mlpinterp.utils.io import save_tensors
+from mlpinterp.utils.artifact import save_artifact
 
+from .artifact_utils import rewrite
 from .cli_utils import flat
 
 torch.set_num_threads(1)
@@ -719,21 +721,24 @@ def test_save_load_roundtrip_without_suffix(tmp_path, rng):
     assert mi.load_polynomial(tmp_path / "p").degree == 1
 
 
-@pytest.mark.parametrize("corrupt", ["kind_weird", "degree_small", "kind_missing", "degree_big", "meta_list"])
+@pytest.mark.parametrize("corrupt", ["kind_weird", "degree_small", "degree_missing", "degree_big", "meta_list"])
 def test_load_polynomial_rejects_corrupt_metadata(tmp_path, rng, corrupt):
     p = mi.fit_polynomial(_mlp(rng), mi.Gaussian.standard(D_IN), 2).to_dense()
     path = p.save(tmp_path / "d.safetensors")
-    meta_path = tmp_path / "d.json"
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((tmp_path / "d.json").read_text())
     new = {
-        "kind_weird": {**meta, "kind": "weird"},
+        "kind_weird": meta,
         "degree_small": {**meta, "degree": 1},
-        "kind_missing": {k: v for k, v in meta.items() if k != "kind"},
+        "degree_missing": {k: v for k, v in meta.items() if k != "degree"},
         "degree_big": {**meta, "degree": 5},
         "meta_list": [1, 2],
     }[corrupt]
-    meta_path.write_text(json.dumps(new))
-    with pytest.raises(ValueError):
+    if new != meta:
+        (tmp_path / "d.json").write_text(json.dumps(new))
+        with pytest.raises(ValueError, match="recorded SHA-256"):  # edited: refused by the hash
+            mi.load_polynomial(path)
+    rewrite(path, new, kind="weird_polynomial" if corrupt == "kind_weird" else None)  # written so: the checks behind
+    with pytest.raises(ValueError, match="weird_polynomial' artifact|degree|metadata must be"):
         mi.load_polynomial(path)
 
 
@@ -898,12 +903,13 @@ def test_idx_dimension_overflow_names_the_source():
 def test_load_classifier_corrupt_checkpoints(tmp_path):
     cfg = ClassifierConfig(d_in=4, n_classes=3, d_hidden=5)
     sd = Classifier(cfg).state_dict()
-    save_tensors(tmp_path / "ok", sd, {"config": cfg.to_dict()})
+    kind = "classifier_checkpoint"
+    save_artifact(tmp_path / "ok", sd, kind=kind, meta={"config": cfg.to_dict()})
     assert load_classifier(tmp_path / "ok")[0].cfg == cfg
-    save_tensors(tmp_path / "c", sd, {"config": {**cfg.to_dict(), "d_in": 4.0}})
+    save_artifact(tmp_path / "c", sd, kind=kind, meta={"config": {**cfg.to_dict(), "d_in": 4.0}})
     with pytest.raises(ValueError, match="d_in must be a positive int"):
         load_classifier(tmp_path / "c")
-    save_tensors(tmp_path / "l", sd, [])  # metadata of the wrong type
+    save_artifact(tmp_path / "l", sd, kind=kind, meta=[])  # metadata of the wrong type
     with pytest.raises(ValueError, match="has no 'config'"):
         load_classifier(tmp_path / "l")
     (tmp_path / "g.safetensors").write_bytes(b"garbage" * 10)
@@ -918,7 +924,7 @@ def test_load_classifier_corrupt_checkpoints(tmp_path):
 def test_load_classifier_rejects_non_float_tensors(tmp_path, dtype):
     cfg = ClassifierConfig(d_in=4, n_classes=3, d_hidden=5)
     sd = {k: v.to(dtype) for k, v in Classifier(cfg).state_dict().items()}
-    save_tensors(tmp_path / "c", sd, {"config": cfg.to_dict()})
+    save_artifact(tmp_path / "c", sd, kind="classifier_checkpoint", meta={"config": cfg.to_dict()})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match="dtype|float"):
@@ -970,31 +976,30 @@ def test_cli_approx_ok_and_nan_weights(weights, tmp_path):
     res = _invoke(["approx", weights, "--activation", "relu", "--degree", "1"])
     assert res.exit_code == 0, res.output
     assert "FVU =" in res.output
-    save_tensors(
-        tmp_path / "nan",
+    save_file(  # a user's raw weights (another program's file, no artifact header)
         {
             "W1": torch.full((D_HID, D_IN), float("nan")),
             "b1": torch.zeros(D_HID),
             "W2": torch.zeros(D_OUT, D_HID),
             "b2": torch.zeros(D_OUT),
         },
-        {},
+        tmp_path / "nan.safetensors",
     )
     res = _invoke(["approx", tmp_path / "nan.safetensors", "--activation", "relu"])
     assert res.exit_code == 2
     assert "W1 contains 12 non-finite" in flat(res.output)
 
 
-@pytest.mark.parametrize("case", ["mean_npz", "classifier_no_config", "format_null", "samples_0"])
+@pytest.mark.parametrize("case", ["mean_npz", "classifier_no_config", "other_artifact", "samples_0"])
 def test_cli_approx_errors_are_bad_parameters(weights, tmp_path, case):
     if case == "mean_npz":
         np.savez(tmp_path / "mz.npz", a=np.zeros(D_IN))
         args = ["approx", weights, "--activation", "relu", "--mean", tmp_path / "mz.npz", "--cov", tmp_path / "c.npy"]
     elif case == "classifier_no_config":
-        save_tensors(tmp_path / "cls", {"x": torch.zeros(2)}, {"format": "mlpinterp.classifier"})
+        save_artifact(tmp_path / "cls", {"x": torch.zeros(2)}, kind="classifier_checkpoint", meta={})
         args = ["approx", tmp_path / "cls.safetensors"]
-    elif case == "format_null":
-        save_tensors(tmp_path / "fmt", {"W1": torch.zeros(2, 2)}, {"format": None})
+    elif case == "other_artifact":  # an approximant passed as network weights
+        save_artifact(tmp_path / "fmt", {"W1": torch.zeros(2, 2)}, kind="ridge_polynomial", meta={})
         args = ["approx", tmp_path / "fmt.safetensors", "--activation", "relu"]
     else:
         rng = np.random.default_rng(0)

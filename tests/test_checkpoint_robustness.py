@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from mlpinterp.apd import APDConfig
@@ -19,9 +18,10 @@ from mlpinterp.experiments.apd import target_config
 from mlpinterp.spd import SPDConfig
 from mlpinterp.spd import decompose as spd_decompose
 from mlpinterp.toys import TMS, as_linears, load_toy, save_toy, sparse_features, step_generator
+from mlpinterp.utils.artifact import load_artifact, read_safetensors, save_artifact
 from mlpinterp.utils.checkpoint import TrainingDiverged, check_loss_finite, save_training_state
-from mlpinterp.utils.io import load_tensors, save_tensors
 
+from .artifact_utils import rewrite
 from .cli_utils import flat
 
 torch.set_num_threads(1)
@@ -62,13 +62,10 @@ def apd_ckpt(tmp_path_factory):
 
 def _copy(src, dst, meta=None, raw=None, tensors=None):
     shutil.copytree(src, dst)
-    if meta is not None:
-        m = json.loads((dst / "checkpoint.json").read_text())
-        (dst / "checkpoint.json").write_text(json.dumps(meta(m)))
+    if meta is not None or tensors is not None:  # a wrong content with a valid hash (a faulty writer)
+        rewrite(dst / "checkpoint.safetensors", meta, tensors=tensors)
     if raw is not None:
         (dst / "checkpoint.json").write_bytes(raw)
-    if tensors is not None:
-        save_file(tensors(load_file(str(dst / "checkpoint.safetensors"))), str(dst / "checkpoint.safetensors"))
     return dst
 
 
@@ -146,13 +143,12 @@ def test_valid_checkpoint_still_resumes(apd_ckpt, tmp_path):
 def test_spd_checkpoint_is_checked_too(tmp_path):
     d = tmp_path / "spd"
     spd_decompose(_spd_model(), _sample, _spd_cfg(), out_dir=d, quiet=True)
-    t = load_file(str(d / "checkpoint.safetensors"))
+    t = load_artifact(d / "checkpoint.safetensors", kind="spd_checkpoint").tensors
     key = next(k for k in t if k.startswith("spd."))
-    save_file({**t, key: t[key].flatten()[:1].clone()}, str(d / "checkpoint.safetensors"))
+    rewrite(d / "checkpoint.safetensors", tensors=lambda t: {**t, key: t[key].flatten()[:1].clone()})
     with pytest.raises(ValueError, match=rf"checkpoint '.*' has tensor {key} of shape \[1\].*delete the checkpoint"):
         spd_decompose(_spd_model(), _sample, _spd_cfg(), out_dir=d, quiet=True)
-    m = json.loads((d / "checkpoint.json").read_text())
-    (d / "checkpoint.json").write_text(json.dumps({**m, "step": 5}))
+    rewrite(d / "checkpoint.safetensors", lambda m: {**m, "step": 5})
     with pytest.raises(ValueError, match=r"'step' = 5, expected an integer in \[0, 4\]"):
         spd_decompose(_spd_model(), _sample, _spd_cfg(), out_dir=d, quiet=True)
 
@@ -240,8 +236,7 @@ def test_cli_divergence_is_one_line_without_traceback(tmp_path):
 def test_cli_malformed_checkpoint_is_one_line_without_traceback(tmp_path):
     save_toy(_model(), tmp_path / "seed0" / "target", _TARGET_INFO)
     ck = tmp_path / "seed0" / "apd" / "checkpoint.safetensors"
-    save_tensors(ck, {"x": torch.zeros(1)}, {})
-    ck.with_suffix(".json").write_text("[]")
+    save_artifact(ck, {"x": torch.zeros(1)}, kind="apd_checkpoint", meta=[])
     res = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--quick", "--steps", "5", "--seeds",
                                    "1", "--quiet", "--out", str(tmp_path)])
     out = flat(res.output)
@@ -251,18 +246,18 @@ def test_cli_malformed_checkpoint_is_one_line_without_traceback(tmp_path):
 
 # --- the JSON beside a safetensors file -------------------------------------------------------------------------------
 
-def test_load_tensors_names_a_non_utf8_json_and_uses_neutral_wording(tmp_path):
-    p = save_tensors(tmp_path / "target", {"x": torch.zeros(2)}, {"a": 1})
+def test_artifacts_name_a_non_utf8_json_and_use_neutral_wording(tmp_path):
+    p = save_artifact(tmp_path / "target", {"x": torch.zeros(2)}, kind="toy_target", meta={"a": 1})
     p.with_suffix(".json").write_bytes(b"\xff{}")
-    with pytest.raises(ValueError, match=r"file metadata '.*target.json' is not valid JSON \('utf-8' codec"):
-        load_tensors(p)
-    with pytest.raises(ValueError, match=r"model metadata '.*target.json' is not valid JSON"):
+    with pytest.raises(ValueError, match=r"file '.*target.json' is not valid JSON \('utf-8' codec"):
+        load_artifact(p, kind="toy_target", what="file")
+    with pytest.raises(ValueError, match=r"toy target '.*target.json' is not valid JSON"):
         load_toy(p)
     p.write_bytes(b"\x01" * 10)
-    with pytest.raises(ValueError, match=r"^model '.*target.safetensors' is not a valid safetensors file") as e:
+    with pytest.raises(ValueError, match=r"^toy target '.*target.safetensors' is not a valid safetensors file") as e:
         load_toy(p)
     assert "checkpoint" not in str(e.value)
     with pytest.raises(ValueError, match=r"^file '.*target.safetensors' is not a valid safetensors file"):
-        load_tensors(p)
+        read_safetensors(p)
     with pytest.raises(FileNotFoundError, match=r"^file '.*nothing' does not exist"):
-        load_tensors(tmp_path / "nothing")
+        read_safetensors(tmp_path / "nothing")

@@ -19,9 +19,11 @@ from mlpinterp.lm import train as lm_train  # noqa: E402
 from mlpinterp.lm.train import lr_at, train_lm  # noqa: E402
 from mlpinterp.lm.train_config import LmTrainConfig  # noqa: E402
 from mlpinterp.models import RunConflictError  # noqa: E402
+from mlpinterp.utils.artifact import load_artifact  # noqa: E402
 from mlpinterp.utils.config_docs import field_docs  # noqa: E402
-from mlpinterp.utils.io import load_tensors  # noqa: E402
 from tests import cli_utils  # noqa: E402
+
+from .artifact_utils import rewrite  # noqa: E402
 
 runner = CliRunner()
 
@@ -116,7 +118,7 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, text_dir, monkeypa
     cfg = LmTrainConfig(**{**TINY, "dropout": 0.1})  # dropout: the torch RNG state must be restored too
     ref = train_lm(cfg, tmp_path / "ref", text_dir=text_dir, quiet=True)
     real_step, _ = _interrupt_after(5, cfg, tmp_path / "run", text_dir, monkeypatch)
-    _, meta = load_tensors(tmp_path / "run" / "checkpoint" / "train_state")
+    meta = load_artifact(tmp_path / "run" / "checkpoint" / "train_state", kind="lm_checkpoint").meta
     assert meta["step"] == 4 and not (tmp_path / "run" / "metrics.json").exists()
     monkeypatch.setattr(lm_train, "_step", real_step)
     res = train_lm(cfg, tmp_path / "run", text_dir=text_dir, quiet=True)
@@ -137,10 +139,8 @@ def test_checkpoint_of_an_earlier_version_resumes_with_the_behaviour_of_that_tim
     monkeypatch.setitem(ADDED_FIELDS, "grad_clip", 0.5)
     cfg = LmTrainConfig(**{**TINY, "grad_clip": 0.5})
     _, calls = _interrupt_after(4, cfg, tmp_path / "run", text_dir, monkeypatch)
-    meta_path = tmp_path / "run" / "checkpoint" / "train_state.json"
-    meta = json.loads(meta_path.read_text())
-    del meta["config"]["grad_clip"]  # as an earlier version wrote it
-    meta_path.write_text(json.dumps(meta))
+    rewrite(tmp_path / "run" / "checkpoint" / "train_state.safetensors",  # as an earlier version wrote it
+            lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k != "grad_clip"}})
     with pytest.raises(RunConflictError, match=r"grad_clip: saved absent \(written before the field existed: 0.5\), "
                                                r"requested 1.0"):
         train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)

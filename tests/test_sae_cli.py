@@ -113,6 +113,6 @@ def test_sae_train_on_minilm_tiny(tmp_path):
     f.write_bytes(bytes(data))
     ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "sae_0")])
     assert ev.exit_code == 1 and "Traceback" not in ev.output
-    assert "do not match cfg.json's weights_sha256" in cli_utils.flat(ev.output)
+    assert "does not match its recorded SHA-256" in cli_utils.flat(ev.output)
     ev = runner.invoke(app, ["sae", "eval", str(tmp_path / "nowhere")])
     assert ev.exit_code == 1 and "cfg.json' does not exist" in cli_utils.flat(ev.output)

@@ -8,11 +8,15 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from mlpinterp.sae.io import check_provenance, load_sae, save_sae, weights_sha256
+from mlpinterp.sae.io import check_provenance, load_sae, save_sae
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.topk import SaeConfig, TopKSae
+from mlpinterp.utils.artifact import artifact_sha256
+
+from .artifact_utils import rewrite
 
 
 def _sae(d_in=6, d_sae=10, k=3, seed=0, **kw) -> TopKSae:
@@ -40,22 +44,14 @@ def test_cfg_json_records_provenance_dtype_scale_and_hash(tmp_path, layout):
     assert cfg["model_name"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert cfg["d_in"] == 6 and cfg["dtype"] == "float64" and cfg["input_scale"] == 0.5
     fname = "sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors"
-    assert cfg["weights_sha256"] == weights_sha256(load_file(tmp_path / "s" / fname))
+    header = safe_open(tmp_path / "s" / fname, "pt").metadata()  # the hash covers the weights and cfg.json
+    assert header["sha256"] == artifact_sha256(load_file(tmp_path / "s" / fname), kind="sae", meta=cfg, provenance={})
+    assert header["kind"] == "sae" and "weights_sha256" not in cfg and "mlpinterp_format" not in cfg
     back = load_sae(tmp_path / "s")
     assert (back.hook_point, back.model_name, back.input_scale) == (sae.hook_point, sae.model_name, 0.5)
     x = _x()
     torch.testing.assert_close(back(x).sae_out, sae(x).sae_out)
     torch.testing.assert_close(back.encoder.weight, sae.encoder.weight)  # the folded scale is unfolded again
-
-
-def test_weights_sha256_is_a_sha256_of_names_dtypes_shapes_and_bytes():
-    import hashlib
-
-    t = {"b": torch.tensor([1.0, 2.0]), "a": torch.tensor([[3]], dtype=torch.int32)}
-    h = hashlib.sha256()
-    h.update(b"a|int32|[1, 1]\n" + (3).to_bytes(4, "little"))
-    h.update(b"b|float32|[2]\n" + torch.tensor([1.0, 2.0]).numpy().tobytes())
-    assert weights_sha256(t) == h.hexdigest()
 
 
 def test_a_flipped_byte_in_the_weights_is_a_clear_error(tmp_path):
@@ -65,7 +61,7 @@ def test_a_flipped_byte_in_the_weights_is_a_clear_error(tmp_path):
     data = bytearray(f.read_bytes())
     data[-5] ^= 0x01  # one bit of b_dec's last value: still a valid safetensors file with finite numbers
     f.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="do not match cfg.json's weights_sha256.*corrupt or was modified"):
+    with pytest.raises(ValueError, match="does not match its recorded SHA-256.*changed after saving"):
         load_sae(tmp_path)
     assert load_sae(tmp_path, verify_hash=False).d_in == 6  # explicit opt-out for deliberate edits
 
@@ -131,10 +127,8 @@ def test_checkpoint_written_before_a_field_existed(tmp_path, field, before, othe
     a = MfrTrainer(6, MfrConfig(**base, **{field: before}))
     a.train_step(_x().float())
     a.save_checkpoint(tmp_path)
-    meta_path = tmp_path / "trainer_rank0.json"
-    meta = json.loads(meta_path.read_text())
-    del meta["cfg"][field]
-    meta_path.write_text(json.dumps(meta))
+    rewrite(tmp_path / "trainer_rank0.safetensors",  # as the earlier version wrote it
+            lambda m: {**m, "cfg": {k: v for k, v in m["cfg"].items() if k != field}})
     same = MfrTrainer(6, MfrConfig(**base, **{field: before}))
     assert same.load_checkpoint(tmp_path) and same.step == 1
     changed = MfrTrainer(6, MfrConfig(**base, **{field: other}))
@@ -155,10 +149,7 @@ def test_checkpoint_with_malformed_metadata_is_refused(tmp_path, edit, message):
     a = MfrTrainer(6, MfrConfig(**base))
     a.train_step(_x().float())
     a.save_checkpoint(tmp_path)
-    meta_path = tmp_path / "trainer_rank0.json"
-    meta = json.loads(meta_path.read_text())
-    edit(meta)
-    meta_path.write_text(json.dumps(meta))
+    rewrite(tmp_path / "trainer_rank0.safetensors", lambda m: (edit(m), m)[1])  # a faulty writer, a valid hash
     b = MfrTrainer(6, MfrConfig(**base))
     with pytest.raises(ValueError, match=rf"trainer_rank0.safetensors'.*{message}"):
         b.load_checkpoint(tmp_path)
@@ -198,16 +189,10 @@ def test_checkpoint_with_malformed_values_is_refused_whole(tmp_path, meta_edit, 
     a = MfrTrainer(6, MfrConfig(**base))
     a.train_step(_x().float())
     a.save_checkpoint(tmp_path)
-    if meta_edit is not None:
-        meta_path = tmp_path / "trainer_rank0.json"
-        meta = json.loads(meta_path.read_text())
-        meta_edit(meta)
-        meta_path.write_text(json.dumps(meta))
+    if meta_edit is not None:  # a faulty writer: wrong values with a valid hash
+        rewrite(tmp_path / "trainer_rank0.safetensors", lambda m: (meta_edit(m), m)[1])
     if tensor_edit is not None:
-        path = tmp_path / "trainer_rank0.safetensors"
-        tensors = load_file(path)
-        tensor_edit(tensors)
-        save_file(tensors, path)
+        rewrite(tmp_path / "trainer_rank0.safetensors", tensors=lambda t: (tensor_edit(t), t)[1])
     b = MfrTrainer(6, MfrConfig(**base))
     before = {k: v.clone() for k, v in b.saes[0].state_dict().items()}
     with pytest.raises(ValueError, match=rf"trainer_rank0.safetensors'.*{message}"):
@@ -228,6 +213,8 @@ def _saelens_cfg(tmp_path, **edit):
         del cfg[key]  # what SAELens itself writes: none of our keys, no hash
     cfg.update(edit)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    weights = tmp_path / "sae_weights.safetensors"
+    save_file(load_file(weights), weights)  # nor our header
     return sae
 
 

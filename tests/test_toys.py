@@ -152,9 +152,9 @@ def test_save_load_round_trip_and_errors(tmp_path):
     bad.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a valid safetensors"):
         load_toy(bad)
-    from mlpinterp.utils.io import save_tensors
+    from mlpinterp.utils.artifact import save_artifact
 
-    save_tensors(tmp_path / "odd", {"W": torch.zeros(2, 2)}, {"kind": "mystery", "arch": {}})
+    save_artifact(tmp_path / "odd", {"W": torch.zeros(2, 2)}, kind="toy_target", meta={"kind": "mystery", "arch": {}})
     with pytest.raises(ValueError, match="unknown toy kind"):
         load_toy(tmp_path / "odd.safetensors")
     with pytest.raises(TypeError, match="model must be"):

@@ -24,6 +24,8 @@ from mlpinterp.models import (
     train_classifier,
 )
 
+from .artifact_utils import rewrite
+
 torch.set_num_threads(1)
 
 
@@ -280,11 +282,8 @@ def test_checkpoints_of_an_earlier_version_resume_with_the_behaviour_of_that_tim
     monkeypatch.setitem(ADDED_FIELDS, "weight_decay", 0.05)
     old = small_cfg(steps=24, weight_decay=0.05)
     train_classifier(old, digits, tmp_path, progress=False)
-    for meta_path in tmp_path.glob("*.json"):  # as an earlier version wrote them
-        meta = json.loads(meta_path.read_text())
-        if "config" in meta:
-            del meta["config"]["weight_decay"]
-            meta_path.write_text(json.dumps(meta))
+    for path in tmp_path.glob("step_*.safetensors"):  # as an earlier version wrote them
+        rewrite(path, lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k != "weight_decay"}})
     stamp = (tmp_path / "step_0000024.safetensors").stat().st_mtime_ns
     with pytest.raises(RunConflictError, match=r"weight_decay: saved absent \(written before the field existed: "
                                                r"0.05\), requested 0.1") as info:
@@ -377,16 +376,19 @@ def test_load_classifier_errors(tmp_path, reference_run):
         load_classifier(dst, config=small_cfg(d_hidden=33))
     bad = dict(meta, config=dict(meta["config"], d_hidden=33))
     dst.with_suffix(".json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="does not match its recorded SHA-256"):  # an edit is refused as such
+        load_classifier(dst)
+    rewrite(dst, bad)  # a file with that content and a valid hash: the content checks still hold
     with pytest.raises(ValueError, match="do not match its config"):
         load_classifier(dst)
-    dst.with_suffix(".json").write_text(json.dumps(dict(meta, config=dict(meta["config"], arch="rnn"))))
+    rewrite(dst, dict(meta, config=dict(meta["config"], arch="rnn")))
     with pytest.raises(ValueError, match="arch must be one of"):
+        load_classifier(dst)
+    rewrite(dst, {"step": 16})
+    with pytest.raises(ValueError, match="no 'config'"):
         load_classifier(dst)
     dst.with_suffix(".json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        load_classifier(dst)
-    dst.with_suffix(".json").write_text(json.dumps({"step": 16}))
-    with pytest.raises(ValueError, match="no 'config'"):
         load_classifier(dst)
     dst.with_suffix(".json").unlink()
     with pytest.raises(FileNotFoundError, match="metadata"):

@@ -61,7 +61,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         when it was made with the same recipe (setting, seed, --quick, --fidelity) and refused otherwise."""
         from mlpinterp.cli.errors import expected_errors, fail
         from mlpinterp.experiments.apd import check_target, get_target
-        from mlpinterp.utils.io import tensors_path
+        from mlpinterp.utils.artifact import tensors_path
 
         if out.is_dir():
             fail(f"--out {str(out)!r} is an existing directory; expected the path of a .safetensors file",

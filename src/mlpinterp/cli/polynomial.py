@@ -107,29 +107,28 @@ def load_network(path: Path, activation: str | None):
         except Exception as e:  # noqa: BLE001 - numpy raises several types on corrupt archives
             raise typer.BadParameter(f"{str(path)!r} is not a valid .npz file ({e})", param_hint="WEIGHTS") from e
     elif path.suffix == ".safetensors":
-        from mlpinterp.utils.io import load_tensors
+        from mlpinterp.utils.artifact import artifact_kind, read_safetensors
+        from mlpinterp.utils.io import read_json
 
-        try:
-            tensors, meta = load_tensors(path)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="WEIGHTS") from e
-        if not isinstance(meta, dict):
-            raise typer.BadParameter(
-                f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}", param_hint="WEIGHTS"
-            )
-        fmt = meta.get("format")
-        if fmt is not None and not isinstance(fmt, str):
-            raise typer.BadParameter(
-                f"metadata 'format' of {str(path)!r} must be a string, got {fmt!r}", param_hint="WEIGHTS"
-            )
-        if (fmt or "").startswith("mlpinterp.classifier"):
+        kind = artifact_kind(path)
+        if kind == "classifier_checkpoint":
             from mlpinterp.models import load_classifier
 
             try:
-                model, _ = load_classifier(path)
+                model, meta = load_classifier(path)
                 return model.to_network(), meta
             except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
                 raise typer.BadParameter(str(e), param_hint="WEIGHTS") from e
+        if kind is not None:
+            raise typer.BadParameter(f"{str(path)!r} is an mlpinterp {kind!r} artifact, not network weights; pass a "
+                                     "classifier checkpoint (step_N.safetensors) or a file of raw weights",
+                                     param_hint="WEIGHTS")
+        try:
+            tensors, _ = read_safetensors(path, what="weights file")
+            meta_path = path.with_suffix(".json")
+            meta = read_json(meta_path, what="weights metadata", fix=None) if meta_path.is_file() else {}
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="WEIGHTS") from e
         arrays = {k: v.double().numpy() for k, v in tensors.items()}
     else:
         raise typer.BadParameter(f"expected a .safetensors or .npz file, got {path.name!r}", param_hint="WEIGHTS")

@@ -54,7 +54,8 @@ from mlpinterp.toys import (
 )
 from mlpinterp.toys.resid_mlp import ADDED_FIELDS as RESID_ADDED_FIELDS
 from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
-from mlpinterp.utils.io import atomic_write_json, read_json, save_tensors, tensors_path
+from mlpinterp.utils.artifact import save_artifact, tensors_path
+from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import check_bool, check_device, check_int, config_differences
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
@@ -537,8 +538,9 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         sample = lambda step, cfg=cfg, seed=seed: spec.sample(cfg.batch_size, step_generator(seed + 1000, step))
         res = decompose(model, sample, cfg, out_dir=sd / "apd", quiet=quiet, device=device)
         comps = res.components
-        save_tensors(sd / "components.safetensors", {k: v.detach() for k, v in comps.state_dict().items()},
-                     {"setting": setting, "config": asdict(cfg), "sites": [asdict(s) for s in comps.sites]})
+        save_artifact(sd / "components.safetensors", {k: v.detach() for k, v in comps.state_dict().items()},
+                      kind="apd_components", provenance={"setting": setting, "seed": seed},
+                      meta={"setting": setting, "config": asdict(cfg), "sites": [asdict(s) for s in comps.sites]})
         atomic_write_json(sd / "history.json", res.history)
         plot_history(res.history, sd / "losses.png", f"{setting} seed {seed}")
         m = evaluate(setting, model, comps, cfg, info, sd, seed, n_eval)

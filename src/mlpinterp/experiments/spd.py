@@ -43,7 +43,8 @@ from mlpinterp.spd import (
 from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
-from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.artifact import load_artifact, save_artifact
+from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import check_bool, check_device, check_instance, check_int, check_real
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
@@ -334,9 +335,10 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
                                                                         step_generator(seed + 1000, step))
         res = decompose(model, sample, cfg, out_dir=sd / "spd", quiet=quiet, device=device)
         dec = res.decomposition.float()
-        save_tensors(sd / "decomposition.safetensors", dict(dec.state_dict()),
-                     {"setting": setting, "config": asdict(cfg), "sites": [asdict(s) for s in dec.sites],
-                      "reads": dec.reads})
+        save_artifact(sd / "decomposition.safetensors", dict(dec.state_dict()), kind="spd_decomposition",
+                      provenance={"setting": setting, "seed": seed},
+                      meta={"setting": setting, "config": asdict(cfg), "sites": [asdict(s) for s in dec.sites],
+                            "reads": dec.reads})
         atomic_write_json(sd / "history.json", res.history)
         plot_history(res.history, sd / "losses.png", f"SPD {setting} seed {seed}", keys=_LOSSES)
         m = evaluate(setting, toy, model, dec, cfg, sd, seed, n_eval)
@@ -426,8 +428,8 @@ def check_same_target(apd: dict, out: Path, seed: int) -> None:
     theirs_path = Path(apd["dir"]) / f"seed{seed}" / "target.safetensors"
     if not any(int(m["seed"]) == seed for m in apd["per_seed"]):
         return
-    ours, _ = load_tensors(out / f"seed{seed}" / "target.safetensors", what="target")
-    theirs, _ = load_tensors(theirs_path, what="APD target")
+    ours = load_artifact(out / f"seed{seed}" / "target.safetensors", kind="toy_target", what="target").tensors
+    theirs = load_artifact(theirs_path, kind="toy_target", what="APD target").tensors
     if sorted(ours) != sorted(theirs) or any(not torch.equal(ours[k], theirs[k]) for k in ours):
         raise ValueError(f"apd_run: seed {seed}'s target in {apd['dir']!r} differs from ours in {str(out)!r} (another "
                          f"target recipe or --fidelity {apd.get('fidelity')!r}); compare runs on the same targets: "

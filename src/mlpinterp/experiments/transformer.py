@@ -37,7 +37,8 @@ import torch
 
 from mlpinterp.experiments.transformer_config import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
-from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.artifact import load_artifact, save_artifact
+from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import config_diff
 
 # ------------------------------------------------------------------------------------------------ capture cache
@@ -51,7 +52,7 @@ def _save_capture(path: Path, cap: Capture) -> None:
         meta["blocks"].append({"path": p, "n": b.moments.n})
     meta.update(n_fit_tokens=cap.n_fit_tokens, n_heldout_tokens=cap.n_heldout_tokens, seconds=cap.seconds,
                 info=cap.info)
-    save_tensors(path, tensors, meta)
+    save_artifact(path, tensors, kind="ffn_capture", meta=meta)
 
 
 def _load_capture(path: Path, d_in: dict[str, int], ctx_len: int) -> Capture:
@@ -61,10 +62,8 @@ def _load_capture(path: Path, d_in: dict[str, int], ctx_len: int) -> Capture:
     fit the blocks (a capture of another model or configuration).
     """
     fix = f"delete {path.name} and {path.with_suffix('.json').name} in {str(path.parent)!r} to capture again"
-    try:
-        t, meta = load_tensors(path)
-    except ValueError as e:  # corrupt or truncated (not from an interrupted run: the files are written atomically)
-        raise ValueError(f"{e}; {fix}") from e
+    art = load_artifact(path, kind="ffn_capture", fix=fix, what="capture")
+    t, meta = art.tensors, art.meta
     try:
         blocks = {}
         for i, b in enumerate(meta["blocks"]):

@@ -45,13 +45,14 @@ from mlpinterp.lm.text import read_texts, split_files, texts_digest, token_chunk
 from mlpinterp.lm.tokenizer import tokenizer_digest, train_tokenizer
 from mlpinterp.lm.train_config import ADDED_FIELDS, LmTrainConfig
 from mlpinterp.models.train import RunConflictError
+from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
-from mlpinterp.utils.io import atomic_write_json, load_tensors, read_json, save_tensors
+from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_instance, check_int, config_diff
 
-CHECKPOINT_FORMAT = "mlpinterp.lm_train/1"
-"""``format`` field of the checkpoint metadata."""
+CHECKPOINT_KIND = "lm_checkpoint"
+"""Artifact kind of the training state ``checkpoint/train_state.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
 
 
 def lr_at(cfg: LmTrainConfig, step: int) -> float:
@@ -109,7 +110,18 @@ def _save_checkpoint(out: Path, model: nn.Module, opt: torch.optim.Optimizer, me
         for key, v in st.items():
             tensors[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(v)
     tensors["rng.torch"] = torch.get_rng_state()
-    save_tensors(_checkpoint_path(out), tensors, {"format": CHECKPOINT_FORMAT, **meta})
+    save_artifact(_checkpoint_path(out), tensors, kind=CHECKPOINT_KIND, meta=meta,
+                  provenance={"step": meta["step"], "corpus": meta["corpus"]["train_digest"]})
+
+
+def _load_checkpoint(path: Path) -> tuple[dict, dict]:
+    """``(tensors, metadata)`` of the verified checkpoint at ``path``; :class:`ArtifactError` naming the fix."""
+    art = load_artifact(path, kind=CHECKPOINT_KIND, what="checkpoint",
+                        fix=f"delete {str(path.parent)!r} to restart the run from step 0")
+    if not isinstance(art.meta, dict):
+        raise ArtifactError(path, f"holds metadata of type {type(art.meta).__name__}, expected a JSON object",
+                            f"delete {str(path.parent)!r} to restart the run from step 0", "checkpoint")
+    return art.tensors, art.meta
 
 
 def _restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, tensors: dict) -> None:
@@ -189,7 +201,7 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
     ckpt = _checkpoint_path(out)
     saved = None
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
-        saved = read_json(ckpt.with_suffix(".json"), what="checkpoint metadata")
+        _, saved = _load_checkpoint(ckpt)
         digests = [k for k in corpus if k.endswith("digest")]
         diff = config_diff(saved.get("config", {}), cfg.to_dict(), implicit=ADDED_FIELDS)
         diff.update(config_diff({k: v for k, v in saved.get("corpus", {}).items() if k in digests},
@@ -227,7 +239,7 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
     opt = _optimizer(cfg, model)
     step, history, seconds, ckpt = 0, {"loss": [], "lr": [], "eval": []}, 0.0, _checkpoint_path(out)
     if saved is not None:
-        tensors, _ = load_tensors(ckpt)
+        tensors, _ = _load_checkpoint(ckpt)
         _restore(ckpt, model, opt, tensors)
         step, history, seconds = int(saved["step"]), saved["history"], float(saved["seconds"])
     else:

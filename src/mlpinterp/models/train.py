@@ -23,7 +23,6 @@ CPU threads: BLAS kernels may sum in a different order with a different thread c
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -37,13 +36,18 @@ from torch import nn
 from mlpinterp.data.dataset import Dataset
 from mlpinterp.models.classifier import Classifier, ClassifierConfig
 from mlpinterp.models.config import ADDED_FIELDS
+from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
-from mlpinterp.utils.io import load_tensors, save_tensors
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
-CHECKPOINT_FORMAT = "mlpinterp.classifier/1"
-"""``format`` field of checkpoint metadata."""
+CHECKPOINT_KIND = "classifier_checkpoint"
+"""Artifact kind of the eval-mode weights ``step_N.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
+
+STATE_KIND = "classifier_training_state"
+"""Artifact kind of the training state ``optim_N.safetensors``."""
+
+_RECOMPUTE = "delete it (and its .json) and rerun: missing checkpoints are recomputed (bit-identical)"
 
 _STEP_RE = re.compile(r"^step_(\d{7,})\.json$")
 _EVAL_CHUNK = 8192
@@ -128,10 +132,8 @@ def _optimizer_tensors(model: Classifier, opt: torch.optim.Optimizer) -> tuple[d
 
 def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path) -> None:
     fix = "delete it (and its .json) and rerun: training restarts and recomputes the checkpoints bit-identically"
-    try:
-        tensors, meta = load_tensors(path)
-    except ValueError as e:
-        raise ValueError(f"{e}; {fix}") from e
+    art = load_artifact(path, kind=STATE_KIND, fix=fix, what="optimizer state")
+    tensors, meta = art.tensors, art.meta
     try:
         state: dict = {}
         for key, val in tensors.items():
@@ -156,16 +158,14 @@ def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path
         g["train_mode"] = True
 
 
-def _read_meta(json_path: Path) -> dict:
-    try:
-        meta = json.loads(json_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"checkpoint metadata {str(json_path)!r} is not valid JSON ({e}); delete it and its "
-                         f".safetensors and rerun: missing checkpoints are recomputed (bit-identical)") from e
-    if not isinstance(meta, dict):
-        raise ValueError(f"checkpoint metadata {str(json_path)!r} must be a JSON object, got {type(meta).__name__}; "
-                         "delete it and its .safetensors and rerun: missing checkpoints are recomputed")
-    return meta
+def _read_meta(path: Path) -> dict:
+    """The verified metadata of checkpoint ``path`` (``step_N.safetensors``); :class:`ArtifactError` if it is corrupt,
+    incomplete or not an object."""
+    art = load_artifact(path, kind=CHECKPOINT_KIND, fix=_RECOMPUTE, what="checkpoint")
+    if not isinstance(art.meta, dict):
+        raise ArtifactError(path.with_suffix(".json"), f"must be a JSON object, got {type(art.meta).__name__}",
+                            _RECOMPUTE, "checkpoint metadata")
+    return art.meta
 
 
 class RunConflictError(ValueError):
@@ -275,7 +275,7 @@ def train_classifier(
     existing = find_checkpoints(out_dir)
     resume_step, resume_meta = 0, None
     for step, path in existing:
-        meta = _read_meta(path.with_suffix(".json"))
+        meta = _read_meta(path)
         diff = _run_diff(meta, cfg, data)
         if diff:
             raise RunConflictError(out_dir, f"checkpoint {path.name}", diff)
@@ -343,14 +343,14 @@ def _checkpoint(model, opt, cfg, data, out_dir, step, tensors, wall) -> dict:
     X_train, y_train, X_test, y_test = tensors
     opt_tensors, opt_meta = _optimizer_tensors(model, opt)
     optim_path = _optim_path(out_dir, step)
-    save_tensors(optim_path, opt_tensors, {"step": step, **opt_meta})
+    save_artifact(optim_path, opt_tensors, kind=STATE_KIND, meta={"step": step, **opt_meta},
+                  provenance={"step": step})
     y_weights = [p.detach().clone() for p in model.parameters()]
     opt.eval()  # parameters <- schedule-free average x
     model.eval()
     train_acc, train_loss = _evaluate(model, X_train, y_train)
     test_acc, test_loss = _evaluate(model, X_test, y_test)
     meta = {
-        "format": CHECKPOINT_FORMAT,
         "step": step,
         "seed": cfg.seed,
         "train_accuracy": train_acc,
@@ -363,7 +363,8 @@ def _checkpoint(model, opt, cfg, data, out_dir, step, tensors, wall) -> dict:
         "wall_time_s": wall,
         "torch_version": torch.__version__,
     }
-    save_tensors(checkpoint_path(out_dir, step), dict(model.state_dict()), meta)
+    save_artifact(checkpoint_path(out_dir, step), dict(model.state_dict()), kind=CHECKPOINT_KIND, meta=meta,
+                  provenance={"step": step, "dataset": data.name, "seed": cfg.seed})
     with torch.no_grad():  # back to the exact train-mode weights y (no lerp round trip)
         for p, y in zip(model.parameters(), y_weights, strict=True):
             p.copy_(y)
@@ -378,7 +379,8 @@ def _checkpoint(model, opt, cfg, data, out_dir, step, tensors, wall) -> dict:
     return meta
 
 
-def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = None) -> tuple[Classifier, dict]:
+def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = None, *,
+                    provenance: dict | None = None) -> tuple[Classifier, dict]:
     """Load a checkpoint written by :func:`train_classifier`.
 
     Parameters
@@ -387,6 +389,8 @@ def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = N
         ``step_N.safetensors`` (or its ``.json`` sibling, or the path without suffix).
     config
         If given, the checkpoint's config must equal it.
+    provenance
+        If given, the recorded provenance (``step``, ``dataset``, ``seed``) must hold these values.
 
     Returns
     -------
@@ -397,16 +401,20 @@ def load_classifier(path: str | os.PathLike, config: ClassifierConfig | None = N
     ------
     FileNotFoundError
         Missing ``.safetensors`` or ``.json`` file.
+    ArtifactError
+        (a ``ValueError``) Corrupt, truncated or edited files (the SHA-256 over tensors and metadata), a file of
+        another kind or of a newer mlpinterp, or a provenance other than ``provenance``.
     ValueError
-        Corrupt/truncated file, metadata without a valid config, tensors whose names or shapes do not
-        match the config, non-finite weights, or a config different from ``config``.
+        Metadata without a valid config, tensors whose names or shapes do not match the config, non-finite
+        weights, or a config different from ``config``.
     """
     path = Path(path)
     if path.suffix in (".json", ""):
         path = path.with_suffix(".safetensors")
     if not path.with_suffix(".json").is_file():
         raise FileNotFoundError(f"checkpoint metadata {str(path.with_suffix('.json'))!r} does not exist")
-    tensors, meta = load_tensors(path)
+    art = load_artifact(path, kind=CHECKPOINT_KIND, provenance=provenance, fix=_RECOMPUTE, what="checkpoint")
+    tensors, meta = art.tensors, art.meta
     if not isinstance(meta, dict) or "config" not in meta:
         raise ValueError(f"checkpoint metadata {str(path.with_suffix('.json'))!r} has no 'config'")
     cfg = ClassifierConfig.from_dict(meta["config"])

@@ -206,9 +206,11 @@ class RidgePolynomial:
             st.update(G=self.G, E=self.E)
         return st
 
-    def save(self, path: str | Path) -> Path:
-        """Save as safetensors + JSON metadata (atomic)."""
-        return _save(self, "ridge", path)
+    def save(self, path: str | Path, provenance: dict | None = None) -> Path:
+        """Save as the artifact ``ridge_polynomial`` (:func:`mlpinterp.utils.artifact.save_artifact`: safetensors +
+        JSON, atomic, hashed); ``provenance`` records what it was computed from (e.g. the network's digest, its
+        training step, the distribution), checked by :func:`load_polynomial`. Returns the ``.safetensors`` path."""
+        return _save(self, "ridge", path, provenance)
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,9 +290,11 @@ class DensePolynomial:
     def state(self) -> dict[str, np.ndarray]:
         return {f"T{k}": T for k, T in enumerate(self.tensors)}
 
-    def save(self, path: str | Path) -> Path:
-        """Save as safetensors + JSON metadata (atomic)."""
-        return _save(self, "dense", path)
+    def save(self, path: str | Path, provenance: dict | None = None) -> Path:
+        """Save as the artifact ``dense_polynomial`` (:func:`mlpinterp.utils.artifact.save_artifact`: safetensors +
+        JSON, atomic, hashed); ``provenance`` records what it was computed from (e.g. the network's digest, its
+        training step, the distribution), checked by :func:`load_polynomial`. Returns the ``.safetensors`` path."""
+        return _save(self, "dense", path, provenance)
 
 
 Polynomial = RidgePolynomial | DensePolynomial
@@ -321,14 +325,18 @@ class _InputWidthCheck:
         return None
 
 
-def _save(p: Polynomial, kind: str, path: str | Path) -> Path:
+KINDS = {"ridge": "ridge_polynomial", "dense": "dense_polynomial"}
+"""Artifact kind of each polynomial class's files."""
+
+
+def _save(p: Polynomial, kind: str, path: str | Path, provenance: dict | None) -> Path:
     import torch
 
-    from mlpinterp.utils.io import save_tensors
+    from mlpinterp.utils.artifact import save_artifact
 
     tensors = {k: torch.from_numpy(np.array(v, copy=True, order="C")) for k, v in p.state().items()}
-    meta = {"format": "mlpinterp.polynomial", "kind": kind, "degree": p.degree, "info": _jsonable(p.info)}
-    return save_tensors(path, tensors, meta)
+    meta = {"degree": p.degree, "info": _jsonable(p.info)}
+    return save_artifact(path, tensors, kind=KINDS[kind], meta=meta, provenance=provenance)
 
 
 def _jsonable(d):
@@ -340,26 +348,32 @@ def _jsonable(d):
         return d.item()
     if isinstance(d, np.ndarray):
         return d.tolist() if d.size <= 64 else f"<array {list(d.shape)}>"
+    if isinstance(d, float) and not np.isfinite(d):
+        return repr(d)  # "nan", "inf": JSON has no such numbers
     if isinstance(d, str | int | float | bool) or d is None:
         return d
     return repr(d)
 
 
-def load_polynomial(path: str | Path) -> Polynomial:
+def load_polynomial(path: str | Path, provenance: dict | None = None) -> Polynomial:
     """Load an approximant saved with ``.save`` (``path`` with or without the ``.safetensors`` suffix).
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for files of another format or with
-    corrupt metadata (unknown ``kind``, a ``degree`` that does not match the tensors, wrong tensor shapes).
-    """
-    from mlpinterp.utils.io import load_tensors
+    ``provenance``: values the recorded provenance must hold (e.g. ``{"step": 128}``).
 
-    tensors, meta = load_tensors(path)
-    if not isinstance(meta, dict) or meta.get("format") != "mlpinterp.polynomial":
-        fmt = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{str(path)!r} is not an mlpinterp polynomial (metadata format {fmt!r})")
-    kind, degree, info = meta.get("kind"), meta.get("degree"), meta.get("info", {})
-    if kind not in ("ridge", "dense"):
-        raise ValueError(f"{str(path)!r}: metadata 'kind' must be 'ridge' or 'dense', got {kind!r}")
+    Raises ``FileNotFoundError`` for a missing file; :class:`~mlpinterp.utils.artifact.ArtifactError` (a
+    ``ValueError``) for a corrupt, truncated or edited file, a file of another kind or a newer mlpinterp, or another
+    provenance; ``ValueError`` for metadata that does not fit the tensors (a ``degree`` that does not match them,
+    wrong tensor shapes).
+    """
+    from mlpinterp.utils.artifact import load_artifact
+
+    art = load_artifact(path, kind=tuple(KINDS.values()), provenance=provenance, what="polynomial",
+                        fix="delete it and recompute the approximant")
+    tensors, meta = art.tensors, art.meta
+    if not isinstance(meta, dict):
+        raise ValueError(f"{str(path)!r}: metadata must be a JSON object, got {type(meta).__name__}")
+    kind = "ridge" if art.kind == KINDS["ridge"] else "dense"
+    degree, info = meta.get("degree"), meta.get("info", {})
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
         raise ValueError(f"{str(path)!r}: metadata 'degree' must be a non-negative int, got {degree!r}")
     if not isinstance(info, dict):

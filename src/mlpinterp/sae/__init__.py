@@ -9,7 +9,7 @@ Modules: ``topk`` (the SAE), ``io`` (sparsify/SAELens artefacts with provenance 
 
 from mlpinterp.sae.analysis import cross_truth_correlation, feature_similarities, mmcs_to_truth, shared_false_cluster
 from mlpinterp.sae.core_metrics import core_metrics
-from mlpinterp.sae.io import check_provenance, load_sae, save_sae, weights_sha256
+from mlpinterp.sae.io import check_provenance, load_sae, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, dead_fraction, firing_counts, fvu, hungarian_match, l0, mmcs, mse
 from mlpinterp.sae.mfr import INACTIVITY_MEASURES, Distributed, MfrConfig, MfrTrainer, mfr_penalty
 from mlpinterp.sae.synthetic import SyntheticBatch, SyntheticConfig, SyntheticData
@@ -44,5 +44,4 @@ __all__ = [
     "mse",
     "save_sae",
     "shared_false_cluster",
-    "weights_sha256",
 ]

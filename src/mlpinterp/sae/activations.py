@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from mlpinterp.lm.hooks import hook_activations, resolve_hook_point
 from mlpinterp.lm.text import read_texts, token_chunks
-from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+from mlpinterp.utils.artifact import load_artifact, load_json_artifact, save_artifact, save_json_artifact
 
 
 @dataclass(frozen=True)
@@ -131,16 +131,16 @@ class ActivationSource:
     def _cached_stream(self, epoch: int) -> Iterator[Tensor]:
         manifest = self.cache_dir / "manifest.json" if self.cache_dir else None
         if manifest is not None and manifest.exists():
-            import json
-
-            meta = json.loads(manifest.read_text())
+            fix = f"delete the cache directory {str(self.cache_dir)!r}: the next pass over the model rebuilds it"
+            meta = load_json_artifact(manifest, kind="activation_cache", fix=fix).meta
             if meta.get("cfg", {}).get("hook_point") != self.cfg.hook_point:
                 raise ValueError(f"cache {str(self.cache_dir)!r} holds hook point {meta['cfg'].get('hook_point')!r}, "
                                  f"not {self.cfg.hook_point!r}")
             g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             for i in torch.randperm(int(meta["n_shards"]), generator=g).tolist():
-                tensors, _ = load_tensors(self.cache_dir / f"shard_{i:05d}.safetensors")
-                yield tensors["acts"].float()
+                shard = load_artifact(self.cache_dir / f"shard_{i:05d}.safetensors", kind="activation_shard",
+                                      provenance={"hook_point": self.cfg.hook_point}, fix=fix)
+                yield shard.tensors["acts"].float()
             return
         if self.cache_dir is None:
             yield from self._model_stream(epoch)
@@ -152,13 +152,19 @@ class ActivationSource:
             pending.append(acts)
             n_pending += acts.shape[0]
             if n_pending >= self.shard_size:
-                save_tensors(self.cache_dir / f"shard_{n_shards:05d}.safetensors", {"acts": torch.cat(pending).half()})
+                self._save_shard(n_shards, pending)
                 n_shards, total, pending, n_pending = n_shards + 1, total + n_pending, [], 0
         if pending:
-            save_tensors(self.cache_dir / f"shard_{n_shards:05d}.safetensors", {"acts": torch.cat(pending).half()})
+            self._save_shard(n_shards, pending)
             n_shards, total = n_shards + 1, total + n_pending
-        atomic_write_json(self.cache_dir / "manifest.json",
-                          {"n_shards": n_shards, "n_activations": total, "cfg": asdict(self.cfg), "dtype": "float16"})
+        save_json_artifact(self.cache_dir / "manifest.json", {"n_shards": n_shards, "n_activations": total,
+                                                              "cfg": asdict(self.cfg), "dtype": "float16"},
+                           kind="activation_cache", provenance={"hook_point": self.cfg.hook_point})
+
+    def _save_shard(self, i: int, pending: list[Tensor]) -> None:
+        """Write shard ``i`` of the cache: the activations of ``pending`` as float16 ``[n, d_in]``."""
+        save_artifact(self.cache_dir / f"shard_{i:05d}.safetensors", {"acts": torch.cat(pending).half()},
+                      kind="activation_shard", provenance={"hook_point": self.cfg.hook_point, "shard": i})
 
     def __iter__(self) -> Iterator[Tensor]:
         """Endless stream of shuffled ``[batch_size, d_in]`` batches (passes over the corpus repeat, each in a

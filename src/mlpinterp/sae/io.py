@@ -1,4 +1,8 @@
-"""Saved TopK SAEs: the sparsify and SAELens layouts, where the SAE was trained, and a hash of its weights.
+"""Saved TopK SAEs: the sparsify and SAELens layouts, where the SAE was trained, and their verification.
+
+An SAE written here is the artifact ``sae`` (:mod:`mlpinterp.utils.artifact`): the weights file's safetensors
+``__metadata__`` header (which SAELens and sparsify ignore) holds the format, kind, provenance and a SHA-256 over the
+tensors AND the canonical ``cfg.json``, so a changed bit in either file is refused by :func:`load_sae`.
 
 Layouts (written atomically, weights first and ``cfg.json`` last):
 
@@ -10,8 +14,10 @@ Layouts (written atomically, weights first and ``cfg.json`` last):
   ``normalize_activations``, ``metadata.hook_name``, ...): ``sae_lens.SAE.load_from_disk`` reads it.
 
 Our keys sit beside theirs (both libraries drop unknown keys): every :class:`~mlpinterp.sae.topk.SaeConfig`
-field, ``mlpinterp_format``, ``model_name``, ``hook_point``, ``d_in``, ``dtype``, ``input_scale`` and
-``weights_sha256`` (SHA-256 over the tensors' names, dtypes, shapes and bytes, see :func:`weights_sha256`).
+field, ``layout``, ``model_name``, ``hook_point``, ``d_in``, ``dtype``, ``input_scale`` and ``input_scale_folded``.
+A ``cfg.json`` with our keys (or a weights file with the artifact header) is verified as an artifact; an
+mlpinterp SAE written before the header (``mlpinterp_format`` 1 or 2 in ``cfg.json``, a ``weights_sha256`` over the
+tensors only) loads only with ``verify_hash=False``.
 
 Input normalisation is *folded* into the written weights (``W_enc * s``, ``W_dec / s``, ``b_dec / s``, as SAELens's
 ``fold_activation_norm_scaling_factor``), so any loader computes the same function of the raw activations;
@@ -33,7 +39,6 @@ it by name (``ValueError``):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -43,33 +48,18 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors.torch import save as st_save
 from torch import Tensor
 
 from mlpinterp.sae.topk import SaeConfig, TopKSae
-from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json, load_tensors
+from mlpinterp.utils.artifact import ArtifactError, has_envelope, load_artifact, read_safetensors, save_artifact
 
-FORMAT_VERSION = 2
-"""``mlpinterp_format`` of the files written here (1: before provenance and hashes; those still load)."""
+KIND = "sae"
+"""Artifact kind of the SAEs written here."""
 
 SAELENS_FORMAT = "6.0.0"
 """``metadata.sae_lens_version`` written into SAELens-layout files: the cfg.json format (SAELens >= 6)."""
 
 _WEIGHT_FILES = {"sparsify": "sae.safetensors", "saelens": "sae_weights.safetensors"}
-
-
-def weights_sha256(tensors: dict[str, Tensor]) -> str:
-    """SHA-256 hex digest of ``tensors`` (sorted by name; each name, dtype, shape and raw bytes).
-
-    Independent of the safetensors header layout, so a re-serialisation of the same tensors has the same hash
-    and any flipped bit of any tensor changes it.
-    """
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{list(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -86,8 +76,9 @@ def _reserved_keys() -> set[str]:
 
 # ----------------------------------------------------------------------------- saving
 def save_sae(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", "saelens"] = "sparsify",
-             extra_cfg: dict | None = None) -> Path:
-    """Write ``sae`` to directory ``path`` in ``layout`` (see the module docstring) and return ``path``.
+             extra_cfg: dict | None = None, provenance: dict | None = None) -> Path:
+    """Write ``sae`` to directory ``path`` in ``layout`` (see the module docstring) and return ``path``;
+    ``provenance``: what it was trained from (e.g. the training step), recorded in the artifact header.
 
     Raises
     ------
@@ -121,9 +112,8 @@ def save_sae(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", 
     else:
         tensors = {"W_enc": w_enc.t().contiguous(), "b_enc": b_enc, "W_dec": w_dec, "b_dec": b_dec}
     cfg = {**asdict(sae.cfg), "d_in": sae.d_in, "num_latents": sae.cfg.d_sae, "architecture": "topk",
-           "layout": layout, "mlpinterp_format": FORMAT_VERSION, "model_name": sae.model_name,
-           "hook_point": sae.hook_point, "dtype": _dtype_name(dtype), "input_scale": s, "input_scale_folded": True,
-           "weights_sha256": weights_sha256(tensors)}
+           "layout": layout, "model_name": sae.model_name,
+           "hook_point": sae.hook_point, "dtype": _dtype_name(dtype), "input_scale": s, "input_scale_folded": True}
     if layout == "sparsify":
         cfg.update({"activation": "topk", "expansion_factor": max(1, sae.cfg.d_sae // sae.d_in), "multi_topk": False,
                     "skip_connection": False, "transcode": False})
@@ -134,8 +124,8 @@ def save_sae(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", 
                     "metadata": {"model_name": sae.model_name, "hook_name": sae.hook_point, "hook_head_index": None,
                                  "sae_lens_version": SAELENS_FORMAT, "sae_lens_training_version": None}})
     cfg.update(extra_cfg or {})
-    atomic_write_bytes(path / _WEIGHT_FILES[layout], st_save(tensors))
-    atomic_write_json(path / "cfg.json", cfg)
+    save_artifact(path / _WEIGHT_FILES[layout], tensors, kind=KIND, meta=cfg, meta_path=path / "cfg.json",
+                  provenance=provenance)
     return path
 
 
@@ -197,15 +187,20 @@ def _sparsify_fields(raw: dict, tensors: dict, where: str, ours: bool) -> dict:
 def load_sae(path: str | os.PathLike, device: str | torch.device = "cpu", *, verify_hash: bool = True) -> TopKSae:
     """Load an SAE written by :func:`save_sae`, by sparsify or by SAELens (directory ``path``).
 
-    ``verify_hash=False`` skips the ``weights_sha256`` check (only for deliberately edited files).
+    An SAE written by mlpinterp is verified as an artifact (the SHA-256 over the weights and ``cfg.json``, the
+    format, the kind); ``verify_hash=False`` skips the hash check (only for deliberately edited files, and for
+    mlpinterp SAEs written before the artifact header).
 
     Raises
     ------
     FileNotFoundError
         If ``path`` holds neither ``sae.safetensors`` nor ``sae_weights.safetensors``, or no ``cfg.json``.
+    ArtifactError
+        (a ``ValueError``) If an mlpinterp SAE's files are corrupt, truncated or changed after saving (the weights
+        or ``cfg.json``), of a newer mlpinterp, or written before the artifact header (without ``verify_hash=False``).
     ValueError
-        If a file is corrupt, the weights do not match the recorded hash, the tensor shapes or dtype disagree
-        with ``cfg.json``, or ``cfg.json`` asks for a computation this class does not implement (named).
+        If a file is corrupt, the tensor shapes or dtype disagree with ``cfg.json``, or ``cfg.json`` asks for a
+        computation this class does not implement (named).
     """
     path = Path(path)
     if path.is_file():
@@ -214,25 +209,18 @@ def load_sae(path: str | os.PathLike, device: str | torch.device = "cpu", *, ver
     cfg_path = path / "cfg.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{str(cfg_path)!r} does not exist")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(cfg_path)!r} is not valid JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{str(cfg_path)!r} must hold a JSON object, got {type(raw).__name__}")
+    wfile = next((path / f for f in _WEIGHT_FILES.values() if (path / f).exists()), None)
+    if wfile is None:
+        raise FileNotFoundError(f"{str(path)!r} holds neither sae.safetensors nor sae_weights.safetensors")
+    tensors, raw, ours = _read_files(wfile, cfg_path, verify_hash)
     where = f"in {str(path)!r}"
-    ours = "mlpinterp_format" in raw or "layout" in raw
-    if (path / _WEIGHT_FILES["sparsify"]).exists():
-        tensors, _ = load_tensors(path / _WEIGHT_FILES["sparsify"])
+    if wfile.name == _WEIGHT_FILES["sparsify"]:
         info = _sparsify_fields(raw, tensors, where, ours)
         w_enc, b_enc = tensors.get("encoder.weight"), tensors.get("encoder.bias")
-    elif (path / _WEIGHT_FILES["saelens"]).exists():
-        tensors, _ = load_tensors(path / _WEIGHT_FILES["saelens"])
+    else:
         info = _saelens_fields(raw, where)
         w_enc, b_enc = tensors.get("W_enc"), tensors.get("b_enc")
         w_enc = None if w_enc is None else w_enc.t()
-    else:
-        raise FileNotFoundError(f"{str(path)!r} holds neither sae.safetensors nor sae_weights.safetensors")
     missing = [n for n, t in (("encoder weight", w_enc), ("encoder bias", b_enc),
                               ("W_dec", tensors.get("W_dec")), ("b_dec", tensors.get("b_dec"))) if t is None]
     if missing:
@@ -273,14 +261,6 @@ def load_sae(path: str | os.PathLike, device: str | torch.device = "cpu", *, ver
     for name, t, n in (("encoder bias", b_enc, cfg.d_sae), ("b_dec", b_dec, d_in)):
         if tuple(t.shape) != (n,):
             raise ValueError(f"{name} {where} must have shape [{n}], got {list(t.shape)}")
-    recorded = raw.get("weights_sha256")
-    if verify_hash and recorded is not None:
-        got = weights_sha256(tensors)
-        if got != recorded:
-            raise ValueError(f"the weights in {str(path)!r} do not match cfg.json's weights_sha256 (recorded "
-                             f"{str(recorded)[:12]}..., the file hashes to {got[:12]}...): the file is corrupt or was "
-                             f"modified after saving; re-save it, or load with verify_hash=False if the edit was "
-                             f"deliberate")
     dtype = w_enc.dtype
     if "dtype" in raw:
         name = str(raw["dtype"]).removeprefix("torch.")
@@ -314,6 +294,34 @@ def load_sae(path: str | os.PathLike, device: str | torch.device = "cpu", *, ver
         if not cfg.tied:
             sae.W_dec_param.copy_(w_dec64)
     return sae.to(device)
+
+
+def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[str, Tensor], dict, bool]:
+    """``(tensors, cfg, ours)``: an mlpinterp SAE (the artifact header in the weights file, or our keys in
+    ``cfg.json``) verified as an artifact; a file of SAELens or sparsify read as it is."""
+    header = has_envelope(wfile)
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        if header:  # ours: the artifact loader names the corruption and the fix
+            raw = None
+        else:
+            raise ValueError(f"{str(cfg_path)!r} is not valid JSON ({e})") from e
+    ours = header or (isinstance(raw, dict) and bool({"mlpinterp_format", "layout", "input_scale_folded"} & set(raw)))
+    fix = "save the SAE again (or retrain it); load with verify_hash=False only if the edit was deliberate"
+    if ours and (header or verify_hash):
+        if not header:
+            raise ArtifactError(wfile, f"was written by an earlier mlpinterp without the artifact header "
+                                       f"(cfg.json mlpinterp_format {raw.get('mlpinterp_format')!r}), so its weights "
+                                       "and cfg.json cannot be verified", "load it with verify_hash=False and save it "
+                                       "again", "SAE")
+        art = load_artifact(wfile, kind=KIND, meta_path=cfg_path, verify=verify_hash, fix=fix, what="SAE")
+        tensors, raw = art.tensors, art.meta
+    else:
+        tensors, _ = read_safetensors(wfile, what="SAE weights")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{str(cfg_path)!r} must hold a JSON object, got {type(raw).__name__}")
+    return tensors, raw, ours
 
 
 # ----------------------------------------------------------------------------- provenance

@@ -55,8 +55,12 @@ from mlpinterp.sae.io import check_provenance, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
-from mlpinterp.utils.io import atomic_write_json, load_tensors, save_tensors
+from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
+from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.validation import config_diff
+
+CHECKPOINT_KIND = "mfr_checkpoint"
+"""Artifact kind of the trainer state ``trainer_rank{r}.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -650,7 +654,8 @@ class MfrTrainer:
                 "history": self.history, "reinit_events": self.reinit_events, "checks": self.checks,
                 "assignments": {f"{a},{b}": [v[0].tolist(), v[1].tolist()] for (a, b), v in self._assignments.items()}}
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
-        save_tensors(directory / f"trainer_rank{rank}.safetensors", tensors, meta)
+        save_artifact(directory / f"trainer_rank{rank}.safetensors", tensors, kind=CHECKPOINT_KIND, meta=meta,
+                      provenance={"step": self.step, "model_name": self.model_name, "hook_point": self.hook_point})
         atomic_write_json(directory / "mfr_cfg.json", asdict(self.cfg))
         return directory
 
@@ -668,7 +673,12 @@ class MfrTrainer:
         path = Path(directory) / f"trainer_rank{rank}.safetensors"
         if not path.exists() or not path.with_suffix(".json").exists():
             return False
-        tensors, meta = load_tensors(path)
+        art = load_artifact(path, kind=CHECKPOINT_KIND, what="checkpoint",
+                            fix="use another output directory, or delete this one to train from step 0")
+        tensors, meta = art.tensors, art.meta
+        if not isinstance(meta, dict):
+            raise ArtifactError(path, f"holds metadata of type {type(meta).__name__}, expected a JSON object",
+                                "use another output directory", "checkpoint")
         where = f"checkpoint {str(path)!r}"
         if meta.get("owned") != self.owned:
             raise ValueError(f"{where} holds SAEs {meta.get('owned')}, this process owns {self.owned}")

@@ -1,4 +1,5 @@
-"""Save and load toy targets as ``NAME.safetensors`` + ``NAME.json`` (atomic, via :mod:`mlpinterp.utils.io`)."""
+"""Save and load toy targets: the artifact ``toy_target`` (``NAME.safetensors`` + ``NAME.json``, atomic and hashed,
+via :mod:`mlpinterp.utils.artifact`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlpinterp.utils.io import load_tensors, save_tensors, tensors_path
+from mlpinterp.utils.artifact import load_artifact, save_artifact
+
+KIND = "toy_target"
+"""Artifact kind of saved toy targets."""
 
 
 def _kind(model: nn.Module) -> str:
@@ -34,37 +38,40 @@ def _arch(model: nn.Module) -> dict:
             "n_functions": model.n_functions}
 
 
-def save_toy(model: nn.Module, path: str | os.PathLike, info: dict | None = None) -> Path:
-    """Save a toy target's state dict and ``{"kind", "arch", "info"}`` metadata atomically."""
+def save_toy(model: nn.Module, path: str | os.PathLike, info: dict | None = None,
+             provenance: dict | None = None) -> Path:
+    """Save a toy target's state dict and ``{"kind", "arch", "info"}`` metadata atomically (artifact ``toy_target``;
+    ``provenance``: what it was made from, checked by :func:`load_toy`). Returns the ``.safetensors`` path."""
     if info is not None and not isinstance(info, dict):
         raise TypeError(f"info must be a dict or None, got {type(info).__name__}")
     meta = {"kind": _kind(model), "arch": _arch(model), "info": info or {}}
-    return save_tensors(path, dict(model.state_dict()), meta)
+    return save_artifact(path, dict(model.state_dict()), kind=KIND, meta=meta, provenance=provenance)
 
 
-def load_toy(path: str | os.PathLike) -> tuple[nn.Module, dict]:
-    """Load a toy saved by :func:`save_toy`. Returns ``(model, meta)``.
+def load_toy(path: str | os.PathLike, provenance: dict | None = None) -> tuple[nn.Module, dict]:
+    """Load a toy saved by :func:`save_toy` (``provenance``: values its recorded provenance must hold). Returns
+    ``(model, meta)``.
 
     Raises
     ------
     FileNotFoundError
         If the file does not exist.
+    ArtifactError
+        (a ``ValueError``) If a file is corrupt, truncated or edited, its ``.json`` metadata is missing, or it is
+        another kind of artifact, of a newer mlpinterp or of another provenance.
     ValueError
-        If the file is corrupt, its ``.json`` metadata is missing or lacks ``kind``/``arch``, or the tensors do not
-        fit the architecture.
+        If the metadata lacks ``kind``/``arch`` or the tensors do not fit the architecture.
     """
     from mlpinterp.toys.gated_trig import GatedTrigMLP
     from mlpinterp.toys.resid_mlp import ResidualMLP
     from mlpinterp.toys.tms import TMS
 
-    tensors, meta = load_tensors(path, what="model")
+    art = load_artifact(path, kind=KIND, provenance=provenance, what="toy target",
+                        fix="delete its two files and make the target again")
+    tensors, meta = art.tensors, art.meta
     identity, bias = False, True
     if not isinstance(meta, dict):
         raise ValueError(f"metadata of {str(path)!r} must be a JSON object, got {type(meta).__name__}")
-    meta_path = tensors_path(path).with_suffix(".json")
-    if not meta and not meta_path.exists():
-        raise ValueError(f"{str(tensors_path(path))!r} has no metadata file {meta_path.name!r} beside it (written with "
-                         "the tensors by save_toy: kind and architecture)")
     if "kind" not in meta or "arch" not in meta:
         raise ValueError(f"metadata of {str(path)!r} must contain 'kind' and 'arch', got keys {sorted(meta)}")
     kind, arch = meta["kind"], meta["arch"]

@@ -2,7 +2,8 @@
 
 One ``checkpoint.safetensors`` (the module's state dict as ``module.*``, the optimiser's per-parameter state as
 ``opt.<i>.<name>``) and its ``.json`` (step, configuration, metric history, wall seconds), written atomically by
-:func:`mlpinterp.utils.io.save_tensors`. Data and masks come from per-step generators, so no RNG state is needed:
+:func:`mlpinterp.utils.artifact.save_artifact` (kind ``"<method>_checkpoint"``, e.g. ``"apd_checkpoint"``: hashed,
+versioned, verified on loading). Data and masks come from per-step generators, so no RNG state is needed:
 a resumed run is bit-identical to an uninterrupted one.
 """
 
@@ -15,12 +16,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.validation import check_device, config_differences, nonfinite_names
 
 RESTART_FIX = ("delete the checkpoint (checkpoint.safetensors and checkpoint.json) to restart the run from step 0, "
                "or use another out directory")
 """The fix appended to every error about an unusable checkpoint."""
+
+
+_KINDS = {"comp": "apd_checkpoint", "spd": "spd_checkpoint"}
+
+
+def checkpoint_kind(prefix: str) -> str:
+    """The artifact kind of a decomposition checkpoint whose module tensors are ``prefix.*`` (``"comp"``: APD)."""
+    return _KINDS.get(prefix, f"{prefix}_checkpoint")
 
 
 def _some(names) -> str:
@@ -43,7 +52,8 @@ def save_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
     if bad:
         raise ValueError(f"refusing to write checkpoint {str(path)!r} at step {step}: tensors {_some(bad)} hold NaN or "
                          "inf (the training diverged); lower the learning rate")
-    save_tensors(path, tensors, {"step": step, "config": config, "history": history, "seconds": seconds})
+    save_artifact(path, tensors, kind=checkpoint_kind(prefix), provenance={"step": step},
+                  meta={"step": step, "config": config, "history": history, "seconds": seconds})
 
 
 def _adam_state_names(opt: torch.optim.Optimizer) -> set[str] | None:
@@ -165,15 +175,17 @@ def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
         If ``path`` does not exist.
     ValueError
         When the checkpoint was written with a different configuration (fields other than ``ignore``), naming the
-        fields; or when either file is corrupt, not UTF-8 JSON, has missing or malformed metadata fields, missing,
+        fields; or (:class:`~mlpinterp.utils.artifact.ArtifactError`) when either file is corrupt, truncated or does
+        not match its hash, or was written by a newer mlpinterp; or it has missing or malformed metadata fields, missing,
         unexpected, mis-shaped or mis-typed tensors, or NaN/inf values. Each message names the file, what is wrong
         and the fix (delete the checkpoint to restart, or use another out directory).
     """
     path = Path(path)
-    try:
-        tensors, meta = load_tensors(path, what="checkpoint")
-    except ValueError as e:
-        raise ValueError(f"{e}; {RESTART_FIX}") from e
+    art = load_artifact(path, kind=checkpoint_kind(prefix), fix=RESTART_FIX, what="checkpoint")
+    tensors, meta = art.tensors, art.meta
+    if not isinstance(meta, dict):
+        raise ArtifactError(art.path.with_suffix(".json"), f"holds a JSON {type(meta).__name__}, expected a JSON "
+                            "object", RESTART_FIX, "checkpoint metadata")
     step, history, seconds = _check_meta(meta, path.with_suffix(".json"), config, set(ignore), implicit)
     mod, state = _check_tensors(tensors, path, module, opt, step, prefix)
     dev = next((p.device for p in module.parameters()), torch.device("cpu"))

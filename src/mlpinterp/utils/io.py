@@ -1,21 +1,48 @@
-"""Atomic, resumable artefact I/O: ``NAME.safetensors`` + ``NAME.json`` pairs.
+"""Atomic file writes and strict JSON: the base under :mod:`mlpinterp.utils.artifact`.
 
-Writes go to a temporary file in the same directory followed by ``os.replace``, so an
-interrupted run never leaves a truncated artefact under the final name.
+Writes go to a temporary file in the same directory followed by ``os.replace``, so an interrupted or failed write
+never leaves a partial file under the final name. Every write failure (disk full, permissions, an I/O error, also
+when a serialiser such as safetensors reports it as its own exception type) is raised as :class:`WriteError`, an
+``OSError`` carrying the line the CLI prints as ``Fix:``.
+
+Strict JSON (:func:`dumps_json`, :func:`loads_json`, used by artifacts) refuses a NaN or infinity on writing,
+naming where it is (``NaN`` / ``Infinity`` are not JSON), and the ``NaN`` / ``Infinity`` tokens and duplicate keys
+on reading. :func:`atomic_write_json` / :func:`read_json` write and read results and reports, where an undefined
+metric is a NaN.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+
+class WriteError(OSError):
+    """Writing ``filename`` failed (disk full, permissions, an I/O error); nothing was left under that name.
+
+    An ``OSError`` (``errno`` that of the cause when it has one, ``ENOSPC`` when the cause names a full disk);
+    ``fix``: the line the CLI prints as ``Fix:``.
+    """
+
+    def __init__(self, path: str | os.PathLike, cause: BaseException):
+        code = getattr(cause, "errno", None)
+        text = str(cause) or type(cause).__name__
+        if code is None and ("No space left" in text or "ENOSPC" in text):
+            code = errno.ENOSPC
+        super().__init__(code, f"could not write {str(path)!r} ({type(cause).__name__}: {text}); nothing was "
+                               "written under that name")
+        self.filename = str(path)
+        self.fix = ("free disk space (or check the permissions of the directory) and rerun; finished files are kept "
+                    "and a resumable run continues where it stopped")
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def _umask_mode() -> int:
@@ -24,23 +51,35 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def _atomic_replace(path: Path, write: Callable[[str], None]) -> None:
-    """Run ``write(tmp)`` on a temporary file beside ``path``, then give it normal permissions and rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+def atomic_replace(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Run ``write(tmp)`` on a temporary file beside ``path``, then give it normal permissions and rename it.
+
+    Raises :class:`WriteError` (the temporary file removed, ``path`` untouched) when ``write`` or the rename fails
+    with an ``OSError`` or any exception of a serialiser (e.g. ``safetensors.SafetensorError`` on a full disk);
+    ``KeyboardInterrupt`` and the like are re-raised as they are, after the same clean-up.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as e:
+        raise WriteError(path, e) from e
     try:
         write(tmp)
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
+            raise WriteError(path, e) from e
         raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), with the usual file permissions."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), with the usual file permissions.
+    Raises :class:`WriteError` when the write fails."""
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -48,11 +87,57 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
 
-    _atomic_replace(Path(path), write)
+    atomic_replace(Path(path), write)
+
+
+def json_ready(obj: Any, where: str = "value") -> Any:
+    """``obj`` as plain JSON types (numpy scalars and arrays, tuples and paths converted), checked finite.
+
+    Raises ``ValueError`` naming the place (``where`` followed by the keys, e.g. ``meta['history'][3]['loss']``) of
+    a NaN or infinity (JSON has no such value: record it as ``None`` or a string where it is meaningful), and
+    ``TypeError`` for a value of another type or a non-string key.
+    """
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"{where} is {obj}, which JSON cannot hold (NaN and infinities are not JSON); record "
+                             "it as null or a string, or stop the computation that produced it")
+        return float(obj)
+    if isinstance(obj, dict):
+        bad = [k for k in obj if not isinstance(k, str)]
+        if bad:
+            raise TypeError(f"{where} has non-string keys {bad[:3]!r}; JSON object keys are strings")
+        return {k: json_ready(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    raise TypeError(f"{where} of type {type(obj).__name__} is not JSON serialisable")
+
+
+def dumps_json(obj: Any, *, where: str = "value", indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj`` (keys sorted; :func:`json_ready` first, so a NaN is refused naming its place).
+    ``indent=None``: the canonical form (no spaces), the one artifact hashes are computed over."""
+    obj = json_ready(obj, where)
+    if indent is None:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    """Write ``obj`` (a result or report for people and later runs, not an artifact) as indented JSON to ``path``
+    atomically; numpy values and paths are converted. A NaN or infinity is written as Python's ``NaN`` /
+    ``Infinity`` token (an undefined metric); :func:`read_json` reads it back. Artifacts use the strict
+    :func:`dumps_json`. Raises :class:`WriteError` when the write fails."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
 
 
@@ -68,60 +153,32 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"object of type {type(o).__name__} is not JSON serialisable")
 
 
-def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> Path:
-    """Save ``tensors`` to ``path`` (``.safetensors``) and ``meta`` to the sibling ``.json``, atomically.
-
-    ``.safetensors`` is appended unless ``path`` already ends with it (``fit.deg2`` -> ``fit.deg2.safetensors``
-    and ``fit.deg2.json``; an existing suffix is never replaced, so dotted names cannot collide).
-    The JSON is written last: a checkpoint counts as complete only when both files exist.
-    Returns the safetensors path.
-    """
-    path = tensors_path(path)
-    _atomic_replace(path, lambda tmp: save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp))
-    atomic_write_json(path.with_suffix(".json"), meta or {})
-    return path
+def _no_constant(token: str):
+    raise ValueError(f"the token {token} is not JSON (NaN and infinities are not JSON values)")
 
 
-def tensors_path(path: str | os.PathLike) -> Path:
-    """The ``.safetensors`` path ``save_tensors`` writes for ``path``: the suffix is appended unless present."""
-    path = Path(path)
-    return path if path.suffix == ".safetensors" else path.with_name(path.name + ".safetensors")
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"duplicate keys {dup!r}")
+    return dict(pairs)
 
 
-def load_tensors(path: str | os.PathLike, *, what: str = "file") -> tuple[dict[str, torch.Tensor], dict]:
-    """Load a ``.safetensors`` file and its sibling ``.json`` metadata (``{}`` if absent).
-
-    ``path`` may be the name given to ``save_tensors`` (``NAME``, loaded from ``NAME.safetensors`` when ``NAME``
-    itself does not exist) or the returned ``.safetensors`` path. ``what`` names the file in error messages (e.g.
-    ``"checkpoint"``, ``"model"``); the caller adds the fix that fits it.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    ValueError
-        If the file is not a valid safetensors file (corrupt or truncated), or the JSON is not valid UTF-8 JSON or
-        not a JSON object (via :func:`read_json`), naming the file.
-    """
-    path = Path(path)
-    if not path.exists() and tensors_path(path).exists():
-        path = tensors_path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types on corruption
-        raise ValueError(f"{what} {str(path)!r} is not a valid safetensors file ({e})") from e
-    meta_path = path.with_suffix(".json")
-    meta = read_json(meta_path, what=f"{what} metadata", fix=None) if meta_path.exists() else {}
-    return tensors, meta
+def loads_json(text: str | bytes) -> Any:
+    """Parse strict JSON (``ValueError`` for invalid JSON, the ``NaN`` / ``Infinity`` tokens or duplicate keys;
+    bytes must be UTF-8)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
 
 
 def read_json(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict,
               fix: str | None = "delete it to recompute it") -> Any:
-    """The JSON content of ``path``; ``ValueError`` naming the file (``what``) if it is not valid UTF-8 JSON or
-    (with ``expect``) not of that type, e.g. a truncated or hand-edited ``config.json``, followed by ``fix`` (``None``:
-    no fix, the caller adds its own); ``FileNotFoundError`` if it is missing."""
+    """The JSON content of ``path`` (a file of :func:`atomic_write_json`); ``ValueError`` naming the file (``what``)
+    if it is not valid UTF-8 JSON or (with ``expect``) not of that type, e.g. a truncated or hand-edited
+    ``config.json``, followed by ``fix`` (``None``: no fix, the caller adds its own); ``FileNotFoundError`` if it is
+    missing."""
     path = Path(path)
     tail = f"; {fix}" if fix else ""
     try:
