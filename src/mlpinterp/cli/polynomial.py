@@ -221,8 +221,15 @@ def approx(
     con.print(f"degree-{degree} approximant of a {type(net).__name__} (d_in={net.d_in}, d_hidden={net.d_hidden}, "
               f"d_out={net.d_out}): FVU = {r.fvu:.6f}{se}")
     if out is not None:
+        import hashlib
+
+        from mlpinterp.utils.reprs import digest
+
+        arrays = [getattr(dist, n) for n in ("mean", "cov", "weights", "means", "covs") if hasattr(dist, n)]
+        provenance = {"weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+                      "distribution": f"{type(dist).__name__}:{digest(*arrays, length=32)}", "degree": degree}
         with expected_errors("pass an --out path in a writable directory"):
-            path = p.save(out)
+            path = p.save(out, provenance=provenance)
         con.print(f"wrote {path} and {path.with_suffix('.json')}")
 
 

@@ -110,6 +110,7 @@ def _quadratic_mixture_steps(steps: list[int], policy: str) -> set[int]:
 
 def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int, quiet: bool) -> dict:
     from mlpinterp.poly.approximant import load_polynomial
+    from mlpinterp.utils.artifact import ArtifactError, artifact_digest
 
     ev_dir = seed_dir / "eval"
     ev_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                 if step == steps[-1]:  # keep the final approximants for the attack and the feature images
                     final_approx = approx
                     for name, p in approx.items():
-                        p.save(ap_dir / name)
+                        p.save(ap_dir / name, provenance={"step": step, "checkpoint": artifact_digest(path)})
                 # memory (issue 12): this checkpoint's other approximants (quadratic_gaussian: 49 MB on MNIST) are not
                 # kept through the next checkpoint's solve (``warm`` and ``final_approx`` keep what is used)
                 del approx
@@ -145,14 +146,16 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
     final_step, final_path = ckpts[-1]
     model, _ = load_classifier(final_path)
     net = model.to_network()
+    computed_from = {"step": final_step, "checkpoint": artifact_digest(final_path)}
     if final_approx is None:
         names = list(curves[-1]["approximants"])
-        if all((ap_dir / f"{name}.safetensors").exists() for name in names):
-            final_approx = {name: load_polynomial(ap_dir / f"{name}.safetensors") for name in names}
-        else:  # saved approximants missing (deleted, or a run directory from an older version): refit once
+        try:  # the saved approximants, if they were computed from this very checkpoint
+            final_approx = {name: load_polynomial(ap_dir / f"{name}.safetensors", provenance=computed_from)
+                            for name in names}
+        except (FileNotFoundError, ArtifactError):  # missing, or of another step or run: refit once
             final_approx, _ = fit_approximants(net, inputs)
             for name, p in final_approx.items():
-                p.save(ap_dir / name)
+                p.save(ap_dir / name, provenance=computed_from)
     attack_file = seed_dir / "attack.json"
     attack = _read_json(attack_file) if attack_file.exists() else None
     if attack is None or attack.get("step", final_step) != final_step:  # (re)compute after extending training

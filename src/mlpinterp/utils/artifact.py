@@ -1,6 +1,7 @@
 """Artifacts: the one way mlpinterp writes and reads back tensors + metadata (hashed, versioned, with provenance).
 
-An artifact is two files, written atomically (:mod:`mlpinterp.utils.io`), the tensors first:
+An artifact is two files, written atomically together (:func:`mlpinterp.utils.io.atomic_replace_all`: both are
+written to temporary files, then renamed into place, the tensors first):
 
 * ``NAME.safetensors``: the tensors; its ``__metadata__`` header (ignored by other safetensors readers, e.g.
   SAELens and sparsify) holds the envelope: ``mlpinterp_format`` (:data:`FORMAT`), ``kind`` (what the artifact is:
@@ -33,10 +34,10 @@ from typing import Any
 
 import torch
 
-from mlpinterp.utils.io import WriteError, atomic_replace, atomic_write_bytes, dumps_json, loads_json
+from mlpinterp.utils.io import WriteError, atomic_replace_all, atomic_write_bytes, bytes_writer, dumps_json, loads_json
 
-__all__ = ["FORMAT", "Artifact", "ArtifactError", "WriteError", "artifact_kind", "artifact_sha256", "has_envelope",
-           "load_artifact", "load_json_artifact", "read_safetensors", "save_artifact", "save_json_artifact", "tensors_path"]
+__all__ = ["FORMAT", "Artifact", "ArtifactError", "WriteError", "artifact_digest", "artifact_kind", "artifact_sha256",
+           "has_envelope", "load_artifact", "load_json_artifact", "read_safetensors", "save_artifact", "save_json_artifact", "tensors_path"]
 
 FORMAT = 1
 """``mlpinterp_format`` of the artifacts written by this version."""
@@ -141,7 +142,8 @@ def save_artifact(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], 
     TypeError
         A value that is not a tensor or not JSON serialisable.
     WriteError
-        The disk is full or the directory is not writable (an ``OSError``; no file is left under either name).
+        The disk is full or the directory is not writable (an ``OSError``): neither final name was touched (an
+        artifact already there stays as it was).
     """
     from safetensors.torch import save_file
 
@@ -156,8 +158,8 @@ def save_artifact(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], 
     header = {"mlpinterp_format": str(FORMAT), "kind": kind, "sha256": digest,
               "provenance": dumps_json(provenance, indent=None)}
     text = dumps_json(meta, where="meta").encode()
-    atomic_replace(path, lambda tmp: save_file(flat, tmp, metadata=header))
-    atomic_write_bytes(_meta_path(path, meta_path), text)
+    atomic_replace_all([(path, lambda tmp: save_file(flat, tmp, metadata=header)),
+                        (_meta_path(path, meta_path), bytes_writer(text))])
     return path
 
 
@@ -201,10 +203,12 @@ def _header_metadata(path: str | os.PathLike) -> dict:
     """The ``__metadata__`` of a safetensors file's header, read alone (``{}`` when missing or unreadable)."""
     try:
         with open(tensors_path(path) if not Path(path).exists() else path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
-            (n,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
-            rest = f.read(min(n, 100_000_000))
-            return _header(head + rest + b"\0" * (n - len(rest))).get("__metadata__") or {}
+            (n,) = struct.unpack("<Q", head) if len(head) == 8 else (size,)
+            if n > size - 8:  # a corrupt or truncated header: no envelope can be read from it
+                return {}
+            return _header(head + f.read(n)).get("__metadata__") or {}
     except (OSError, ValueError, struct.error):
         return {}
 
@@ -214,6 +218,13 @@ def artifact_kind(path: str | os.PathLike) -> str | None:
     passes), or ``None`` when the file is missing, unreadable or carries no envelope."""
     md = _header_metadata(path)
     return md.get("kind") if "sha256" in md else None
+
+
+def artifact_digest(path: str | os.PathLike) -> str | None:
+    """The ``sha256`` an artifact's header records (unverified: read after :func:`load_artifact` verified the file,
+    e.g. to record a checkpoint as the provenance of what is computed from it), or ``None`` without one."""
+    digest = _header_metadata(path).get("sha256")
+    return digest if isinstance(digest, str) else None
 
 
 def has_envelope(path: str | os.PathLike) -> bool:

@@ -58,28 +58,40 @@ def atomic_replace(path: str | os.PathLike, write: Callable[[str], None]) -> Non
     with an ``OSError`` or any exception of a serialiser (e.g. ``safetensors.SafetensorError`` on a full disk);
     ``KeyboardInterrupt`` and the like are re-raised as they are, after the same clean-up.
     """
-    path = Path(path)
+    atomic_replace_all([(path, write)])
+
+
+def atomic_replace_all(writes: list[tuple[str | os.PathLike, Callable[[str], None]]]) -> None:
+    """:func:`atomic_replace` for several files written together: every ``write(tmp)`` runs first, and only when all
+    succeeded are the files renamed into place, in order. A failure (e.g. a full disk) leaves every final name as it
+    was; an interruption between the renames (the process killed) can leave the first files new and the later ones
+    old, which readers of such groups must detect (artifacts do: their hash covers the group).
+    Raises :class:`WriteError` as :func:`atomic_replace`."""
+    tmps: list[tuple[Path, str]] = []
+    current = Path(writes[0][0]) if writes else Path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-    except OSError as e:
-        raise WriteError(path, e) from e
-    try:
-        write(tmp)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
+        for path, write in writes:
+            current = Path(path)
+            current.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=current.parent, prefix=f".{current.name}.", suffix=".tmp")
+            os.close(fd)
+            tmps.append((current, tmp))
+            write(tmp)
+            os.chmod(tmp, _umask_mode())
+        for path, tmp in tmps:
+            current = path
+            os.replace(tmp, path)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for _, tmp in tmps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
-            raise WriteError(path, e) from e
+            raise WriteError(current, e) from e
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), with the usual file permissions.
-    Raises :class:`WriteError` when the write fails."""
+def bytes_writer(data: bytes) -> Callable[[str], None]:
+    """A ``write(tmp)`` for :func:`atomic_replace` that writes ``data`` and syncs it to disk."""
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -87,7 +99,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
 
-    atomic_replace(Path(path), write)
+    return write
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), with the usual file permissions.
+    Raises :class:`WriteError` when the write fails."""
+    atomic_replace(Path(path), bytes_writer(data))
 
 
 def json_ready(obj: Any, where: str = "value") -> Any:
