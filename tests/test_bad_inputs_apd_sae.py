@@ -13,7 +13,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from mlpinterp.apd import (
     APDConfig,
@@ -76,6 +75,8 @@ from mlpinterp.toys import (
     train_tms,
     trig_functions,
 )
+
+from .artifact_utils import rewrite
 
 NAN = float("nan")
 
@@ -369,10 +370,7 @@ def test_toy_forward_width():
 
 def _saved_toy(tmp_path, model, **meta):
     save_toy(model, tmp_path / "t")
-    j = tmp_path / "t.json"
-    m = json.loads(j.read_text())
-    m.update(meta)
-    j.write_text(json.dumps(m))
+    rewrite(tmp_path / "t.safetensors", lambda m: {**m, **meta})  # written so (a valid hash): the content checks
     return tmp_path / "t"
 
 
@@ -391,7 +389,10 @@ def test_load_toy_bad_arch(tmp_path, meta, match):
 def test_load_toy_bad_json_and_tensors(tmp_path):
     path = _saved_toy(tmp_path, TMS(5, 2))
     (tmp_path / "t.json").write_text("[1]")
-    with pytest.raises(ValueError, match=r"t.json. holds a JSON list, expected a JSON object"):
+    with pytest.raises(ValueError, match=r"t.safetensors. does not match its recorded SHA-256"):  # edited
+        load_toy(path)
+    rewrite(path, [1])  # written so
+    with pytest.raises(ValueError, match=r"metadata of .* must be a JSON object, got list"):
         load_toy(path)
     m = TMS(5, 2)
     with torch.no_grad():
@@ -477,7 +478,8 @@ def test_sae_load_bad_cfg(sae, tmp_path, layout, edit, err, match):
             cfg.pop(key, None)
         else:
             cfg[key] = v
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    weights = tmp_path / ("sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors")
+    rewrite(weights, cfg, meta_path=tmp_path / "cfg.json")  # written so (a valid hash): the content checks
     with pytest.raises(err, match=match):
         load_sae(tmp_path)
 
@@ -487,6 +489,9 @@ def test_sae_load_cfg_not_object_and_path_is_file(sae, tmp_path):
     with pytest.raises(ValueError, match="path must be the SAE's directory"):
         load_sae(tmp_path / "cfg.json")
     (tmp_path / "cfg.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="does not match its recorded SHA-256"):  # edited
+        TopKSae.load(tmp_path)
+    rewrite(tmp_path / "sae.safetensors", [1, 2], meta_path=tmp_path / "cfg.json")  # written so
     with pytest.raises(ValueError, match="must hold a JSON object, got list"):
         load_sae(tmp_path)
 
@@ -501,9 +506,7 @@ def test_sae_load_cfg_not_object_and_path_is_file(sae, tmp_path):
 def test_sae_load_bad_tensors(sae, tmp_path, layout, key, value, match):
     save_sae(sae, tmp_path, layout=layout)
     f = tmp_path / ("sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors")
-    t = load_file(f)
-    t[key] = value
-    save_file(t, f)
+    rewrite(f, tensors=lambda t: {**t, key: value}, meta_path=tmp_path / "cfg.json")  # written so (a valid hash)
     with pytest.raises(ValueError, match=match):
         load_sae(tmp_path)
 

@@ -13,6 +13,8 @@ from mlpinterp.paramspace import mmcs_ml2r
 from mlpinterp.spd import SPDConfig, decompose, lr_at, with_overrides
 from mlpinterp.toys import as_linears, sparse_features, step_generator
 
+from .artifact_utils import rewrite
+
 torch.set_num_threads(1)
 
 
@@ -177,18 +179,15 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     """A checkpoint written before ``layerwise_masks`` and ``compile`` existed (their keys absent from its
     configuration) resumes bit-identically when the request keeps the behaviour of that time (shared masks, eager),
     and is refused, naming the field, when it asks for another."""
-    import json
 
     model = as_linears(tms52_target)
     cfg = _tms_cfg(compile=False)
     full = decompose(model, _sample, cfg, quiet=True)
     _interrupt_at_step_20(model, cfg, tmp_path)
-    meta_path = tmp_path / "checkpoint.json"
-    meta = json.loads(meta_path.read_text())
-    for key in ("layerwise_masks", "compile", "delta_component", "faithfulness_warmup_steps",
-                "faithfulness_warmup_lr", "faithfulness_warmup_weight_decay"):  # as an earlier version wrote it
-        del meta["config"][key]
-    meta_path.write_text(json.dumps(meta))
+    later = ("layerwise_masks", "compile", "delta_component", "faithfulness_warmup_steps", "faithfulness_warmup_lr",
+             "faithfulness_warmup_weight_decay")  # as an earlier version wrote it
+    rewrite(tmp_path / "checkpoint.safetensors",
+            lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k not in later}})
     ckpt = (tmp_path / "checkpoint.safetensors").read_bytes()
     with pytest.raises(ValueError, match=r"layerwise_masks: saved absent \(written before the field existed: "
                                          r"'shared'\), requested 'fresh'"):

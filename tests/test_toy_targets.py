@@ -25,6 +25,8 @@ from mlpinterp.toys import (
 )
 from mlpinterp.utils.validation import ABSENT, config_diff, config_differences
 
+from .artifact_utils import rewrite
+
 torch.set_num_threads(1)
 
 
@@ -133,9 +135,8 @@ def test_older_target_files_still_load(tmp_path):
         get_target("tms-5-2", 0, tmp_path / "old.safetensors", False, True, "reference")
     g, info = get_target("gated-trig", 3, tmp_path / "g", False, True)
     assert info["config"] == {"n_functions": 4, "neurons_per_function": 10, "n_layers": 2, "seed": 3}
-    meta = json.loads((tmp_path / "g.json").read_text())
-    del meta["info"]["config"]
-    (tmp_path / "g.json").write_text(json.dumps(meta))
+    rewrite(tmp_path / "g.safetensors",
+            lambda m: {**m, "info": {k: v for k, v in m["info"].items() if k != "config"}})
     again, _ = get_target("gated-trig", 3, tmp_path / "g", False, True)
     assert all(torch.equal(a, b) for a, b in zip(g.state_dict().values(), again.state_dict().values(), strict=True))
     with pytest.raises(ValueError, match="seed: saved 3, requested 4"):
@@ -263,8 +264,7 @@ def test_reference_resid_targets_have_no_biases_and_the_reference_recipe(tmp_pat
     loaded, _ = load_toy(tmp_path / "t.safetensors")
     x = torch.rand(5, 6)
     torch.testing.assert_close(loaded(x), model(x))
-    meta["arch"]["bias"] = True  # only False is ever written
-    (tmp_path / "t.json").write_text(json.dumps(meta))
+    rewrite(tmp_path / "t.safetensors", {**meta, "arch": {**meta["arch"], "bias": True}})  # only False is written
     with pytest.raises(ValueError, match="'bias' is recorded only as false"):
         load_toy(tmp_path / "t.safetensors")
     biased = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
@@ -288,8 +288,8 @@ def test_biased_tensors_under_a_bias_free_arch_name_the_recorded_flag(tmp_path):
     cfg = ResidMLPConfig(n_features=5, d_embed=8, d_mlp=3)
     path = save_toy(build_resid_mlp(cfg), tmp_path / "t")
     meta = json.loads(path.with_suffix(".json").read_text())
-    meta["arch"]["bias"] = False  # hand-edited: the tensors still have the biases
-    path.with_suffix(".json").write_text(json.dumps(meta))
+    meta["arch"]["bias"] = False  # written so (a faulty writer): the tensors still have the biases
+    rewrite(path, meta)
     with pytest.raises(ValueError, match=r"(?s)do not match the resid_mlp architecture \{.*'bias': False.*Unexpected key"):
         load_toy(path)
 

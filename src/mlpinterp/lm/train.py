@@ -47,6 +47,7 @@ from mlpinterp.lm.train_config import ADDED_FIELDS, LmTrainConfig
 from mlpinterp.models.train import RunConflictError
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
+from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import check_instance, check_int, config_diff
@@ -104,11 +105,8 @@ def _checkpoint_path(out: Path) -> Path:
 
 
 def _save_checkpoint(out: Path, model: nn.Module, opt: torch.optim.Optimizer, meta: dict) -> None:
-    names = {id(p): n for n, p in model.named_parameters()}
     tensors = {f"param.{n}": p.detach() for n, p in model.named_parameters()}
-    for p, st in opt.state.items():
-        for key, v in st.items():
-            tensors[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(v)
+    tensors.update(optimizer_tensors(opt, "opt"))
     tensors["rng.torch"] = torch.get_rng_state()
     save_artifact(_checkpoint_path(out), tensors, kind=CHECKPOINT_KIND, meta=meta,
                   provenance={"step": meta["step"], "corpus": meta["corpus"]["train_digest"]})
@@ -127,14 +125,15 @@ def _load_checkpoint(path: Path) -> tuple[dict, dict]:
 def _restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, tensors: dict) -> None:
     fix = f"delete {str(path.parent)!r} to restart the run from step 0"
     try:
+        state, unknown = split_optimizer_tensors(tensors, opt, "opt")
+        if unknown:
+            raise KeyError(f"optimiser state of no parameter: {unknown[:3]}")
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(tensors[f"param.{n}"])
-                st = {k.rsplit(".", 1)[1]: v.clone() for k, v in tensors.items() if k.startswith(f"adam.{n}.")}
-                if st:
-                    opt.state[p] = st
+        restore_optimizer(opt, state)
         torch.set_rng_state(tensors["rng.torch"])
-    except (KeyError, RuntimeError) as e:
+    except (KeyError, RuntimeError, ValueError) as e:
         raise ValueError(f"checkpoint {str(path)!r} does not match the model ({e}); {fix}") from e
 
 

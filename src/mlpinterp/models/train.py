@@ -38,6 +38,7 @@ from mlpinterp.models.classifier import Classifier, ClassifierConfig
 from mlpinterp.models.config import ADDED_FIELDS
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
+from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
@@ -117,17 +118,12 @@ def _evaluate(model: Classifier, X: torch.Tensor, y: torch.Tensor) -> tuple[floa
 
 
 def _optimizer_tensors(model: Classifier, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Flatten the train-mode weights and the optimiser state into safetensors + JSON parts."""
-    sd = opt.state_dict()
+    """The train-mode weights ``y.*`` and the optimiser state ``opt.*`` as tensors, its param groups (the
+    schedule-free weight sums and learning rates) as metadata."""
     tensors = {f"y.{name}": p.detach().clone() for name, p in model.named_parameters()}
-    scalars: dict = {}
-    for idx, st in sd["state"].items():
-        for key, val in st.items():
-            if isinstance(val, torch.Tensor):
-                tensors[f"state.{idx}.{key}"] = val
-            else:
-                scalars.setdefault(str(idx), {})[key] = val
-    return tensors, {"param_groups": sd["param_groups"], "state_scalars": scalars}
+    tensors.update(optimizer_tensors(opt, "opt"))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
+    return tensors, {"param_groups": groups}
 
 
 def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path) -> None:
@@ -135,17 +131,13 @@ def _restore_optimizer(model: Classifier, opt: torch.optim.Optimizer, path: Path
     art = load_artifact(path, kind=STATE_KIND, fix=fix, what="optimizer state")
     tensors, meta = art.tensors, art.meta
     try:
-        state: dict = {}
-        for key, val in tensors.items():
-            if key.startswith("state."):
-                _, idx, name = key.split(".", 2)
-                state.setdefault(int(idx), {})[name] = val
-        for idx, sc in meta["state_scalars"].items():
-            state.setdefault(int(idx), {}).update(sc)
+        state, unknown = split_optimizer_tensors(tensors, opt, "opt")
+        if unknown:
+            raise KeyError(f"optimiser state of no parameter: {unknown[:3]}")
         groups = meta["param_groups"]
         for g in groups:
             g["betas"] = tuple(g["betas"])
-        opt.load_state_dict({"state": state, "param_groups": groups})
+        restore_optimizer(opt, state, groups)
         with torch.no_grad():
             params = dict(model.named_parameters())
             if set(params) != {k[2:] for k in tensors if k.startswith("y.")}:

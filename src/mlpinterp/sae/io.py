@@ -311,10 +311,12 @@ def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[st
     fix = "save the SAE again (or retrain it); load with verify_hash=False only if the edit was deliberate"
     if ours and (header or verify_hash):
         if not header:
-            raise ArtifactError(wfile, f"was written by an earlier mlpinterp without the artifact header "
-                                       f"(cfg.json mlpinterp_format {raw.get('mlpinterp_format')!r}), so its weights "
-                                       "and cfg.json cannot be verified", "load it with verify_hash=False and save it "
-                                       "again", "SAE")
+            fmt = raw.get("mlpinterp_format")
+            raise ArtifactError(wfile, "carries no artifact header although cfg.json has mlpinterp's keys"
+                                       + (f" (cfg.json mlpinterp_format {fmt!r}: an earlier mlpinterp wrote it)"
+                                          if fmt is not None else " (the header was removed or damaged)")
+                                       + ", so its weights and cfg.json cannot be verified",
+                                "load it with verify_hash=False and save it again", "SAE")
         art = load_artifact(wfile, kind=KIND, meta_path=cfg_path, verify=verify_hash, fix=fix, what="SAE")
         tensors, raw = art.tensors, art.meta
     else:

@@ -56,6 +56,7 @@ from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
+from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.validation import config_diff
 
@@ -106,10 +107,9 @@ def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrai
     for local, sae in enumerate(trainer.saes):
         i = trainer.owned[local]
         state["params"].append({n: shaped(f"sae{i}.param.{n}", v) for n, v in sae.state_dict().items()})
-        adam = {}
-        for n, _ in sae.named_parameters():
-            prefix = f"sae{i}.adam.{n}."
-            adam[n] = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        adam, unknown = split_optimizer_tensors(tensors, trainer.opts[local], f"sae{i}.opt")
+        if unknown:
+            raise ValueError(f"optimiser state {unknown[:3]} belongs to no parameter of SAE {i}")
         state["adam"].append(adam)
     return state
 
@@ -643,10 +643,7 @@ class MfrTrainer:
             save_sae(sae, directory / f"sae_{i}")
             for k, v in sae.state_dict().items():
                 tensors[f"sae{i}.param.{k}"] = v
-            names = {id(p): n for n, p in sae.named_parameters()}
-            for p, st in opt.state.items():
-                for k, v in st.items():
-                    tensors[f"sae{i}.adam.{names[id(p)]}.{k}"] = torch.as_tensor(v)
+            tensors.update(optimizer_tensors(opt, f"sae{i}.opt"))
         meta = {"step": self.step, "alpha": self.alpha, "n_reinits": self.n_reinits, "input_scale": self.input_scale,
                 "model_name": self.model_name, "hook_point": self.hook_point, "d_in": self.d_in,
                 "window_samples": self.window_samples, "cfg": asdict(self.cfg),
@@ -714,7 +711,5 @@ class MfrTrainer:
         for local, sae in enumerate(self.saes):
             sae.load_state_dict(state["params"][local])
             self.opts[local] = opt = self._new_opt(sae)
-            for n, p in sae.named_parameters():
-                if state["adam"][local][n]:
-                    opt.state[p] = state["adam"][local][n]
+            restore_optimizer(opt, state["adam"][local])
         return True

@@ -1,7 +1,15 @@
-"""Resumable training state of a parameter decomposition (APD, SPD): module + optimiser + step + config + history.
+"""Training checkpoints: the optimiser state every trainer stores (:func:`optimizer_tensors`,
+:func:`split_optimizer_tensors`, :func:`restore_optimizer`) and the resumable state of a parameter decomposition
+(APD, SPD): module + optimiser + step + config + history.
 
-One ``checkpoint.safetensors`` (the module's state dict as ``module.*``, the optimiser's per-parameter state as
-``opt.<i>.<name>``) and its ``.json`` (step, configuration, metric history, wall seconds), written atomically by
+Every trainer (APD, SPD, MFR, the classifier, ``train-lm``) writes its checkpoint as an artifact
+(:mod:`mlpinterp.utils.artifact`) with its optimiser's per-parameter state as ``<prefix>.<i>.<name>`` tensors
+(``i``: the parameter's position in the optimiser's param groups) from :func:`optimizer_tensors`, and restores it
+through :func:`restore_optimizer`.
+
+A decomposition's checkpoint is one ``checkpoint.safetensors`` (the module's state dict as ``module.*``, the
+optimiser's per-parameter state as ``opt.<i>.<name>``) and its ``.json`` (step, configuration, metric history, wall
+seconds), written atomically by
 :func:`mlpinterp.utils.artifact.save_artifact` (kind ``"<method>_checkpoint"``, e.g. ``"apd_checkpoint"``: hashed,
 versioned, verified on loading). Data and masks come from per-step generators, so no RNG state is needed:
 a resumed run is bit-identical to an uninterrupted one.
@@ -37,6 +45,59 @@ def _some(names) -> str:
     return repr(names) if len(names) <= 6 else f"{names[:6]!r} and {len(names) - 6} more"
 
 
+def optimizer_tensors(opt: torch.optim.Optimizer, prefix: str = "opt") -> dict[str, torch.Tensor]:
+    """The per-parameter state of ``opt`` as tensors ``{prefix}.{i}.{name}`` (``i``: the parameter's position in
+    ``opt.param_groups``; a number such as a step count becomes a 0-d tensor). The param groups themselves
+    (learning rate, a schedule-free optimiser's weight sums) are not included: store them in the metadata when the
+    trainer does not set them itself."""
+    out = {}
+    for i, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            out[f"{prefix}.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    return out
+
+
+def split_optimizer_tensors(tensors: Mapping[str, torch.Tensor], opt: torch.optim.Optimizer,
+                            prefix: str = "opt") -> tuple[dict[int, dict[str, torch.Tensor]], list[str]]:
+    """``(state, unknown)``: the ``{prefix}.{i}.{name}`` tensors of ``tensors`` as ``{i: {name: tensor}}``, checked
+    against the parameters of ``opt`` (``ValueError`` naming the tensor when its shape or dtype is not the
+    parameter's, a ``step`` count aside), and the names under ``prefix`` that index no parameter of ``opt``."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    unknown = []
+    for k, v in tensors.items():
+        if not k.startswith(prefix + "."):
+            continue
+        parts = k[len(prefix) + 1:].split(".", 1)
+        if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) >= len(params):
+            unknown.append(k)
+            continue
+        i, name = int(parts[0]), parts[1]
+        p = params[i]
+        if name != "step" and (v.shape != p.shape or v.dtype != p.dtype):
+            raise ValueError(f"optimiser state {k} of shape {list(v.shape)} and dtype {v.dtype}, expected shape "
+                             f"{list(p.shape)} and dtype {p.dtype} (those of parameter {i})")
+        state.setdefault(i, {})[name] = v
+    return state, unknown
+
+
+def restore_optimizer(opt: torch.optim.Optimizer, state: Mapping[int, Mapping[str, torch.Tensor]],
+                      param_groups: list[dict] | None = None) -> None:
+    """Load ``state`` (from :func:`split_optimizer_tensors`) into ``opt`` through ``opt.load_state_dict`` (values
+    moved to the parameters' device, a ``step`` count left where it is), with ``param_groups`` (without their
+    ``params``) when given, else the optimiser's own."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    sd = opt.state_dict()
+    sd["state"] = {i: {k: v if k == "step" else v.to(params[i].device) for k, v in st.items()}
+                   for i, st in state.items()}
+    if param_groups is not None:
+        if len(param_groups) != len(sd["param_groups"]):
+            raise ValueError(f"{len(param_groups)} param groups saved, the optimiser has {len(sd['param_groups'])}")
+        sd["param_groups"] = [{**g, "params": own["params"]} for g, own in zip(param_groups, sd["param_groups"],
+                                                                                strict=True)]
+    opt.load_state_dict(sd)
+
+
 def save_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, config: dict,
                         history: list[dict], seconds: float, prefix: str = "comp") -> None:
     """Write the checkpoint atomically (``prefix`` names the module's tensors; APD's are ``comp.*``).
@@ -45,9 +106,7 @@ def save_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
     a resumed run must never start from a diverged state.
     """
     tensors = {f"{prefix}.{k}": v.detach() for k, v in module.state_dict().items()}
-    for i, st in opt.state_dict()["state"].items():
-        for k, v in st.items():
-            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    tensors.update(optimizer_tensors(opt, "opt"))
     bad = nonfinite_names(tensors)
     if bad:
         raise ValueError(f"refusing to write checkpoint {str(path)!r} at step {step}: tensors {_some(bad)} hold NaN or "
@@ -107,19 +166,16 @@ def _check_tensors(tensors: dict[str, torch.Tensor], path: Path, module: nn.Modu
 
     expected = module.state_dict()
     mod = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
-    params = [p for g in opt.param_groups for p in g["params"]]
     names = _adam_state_names(opt)
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    unknown = []
-    for k, v in tensors.items():
-        if k.startswith(prefix + "."):
-            continue
-        parts = k.split(".", 2)
-        if (len(parts) != 3 or parts[0] != "opt" or not parts[1].isdigit() or int(parts[1]) >= len(params)
-                or (names is not None and parts[2] not in names)):
-            unknown.append(k)
-        else:
-            state.setdefault(int(parts[1]), {})[parts[2]] = v
+    rest = {k: v for k, v in tensors.items() if not k.startswith(prefix + ".")}
+    unknown = [k for k in rest if not k.startswith("opt.")]
+    if names is not None:
+        unknown += [k for k in rest if k.startswith("opt.") and k.split(".", 2)[-1] not in names]
+    try:
+        state, bad_index = split_optimizer_tensors({k: v for k, v in rest.items() if k not in unknown}, opt, "opt")
+    except ValueError as e:
+        raise bad(f"has {e}") from e
+    unknown += bad_index
     missing = [f"{prefix}.{k}" for k in expected if k not in mod]
     extra = [f"{prefix}.{k}" for k in mod if k not in expected] + unknown
     if missing or extra:
@@ -131,20 +187,16 @@ def _check_tensors(tensors: dict[str, torch.Tensor], path: Path, module: nn.Modu
         if got.shape != want.shape or got.dtype != want.dtype:
             raise bad(f"has tensor {prefix}.{k} of shape {list(got.shape)} and dtype {got.dtype}, expected shape "
                       f"{list(want.shape)} and dtype {want.dtype}")
-    for i, st in state.items():
-        p = params[i]
+    for i, st in sorted(state.items()):
         if names is not None and set(st) != names:
             raise bad(f"has optimiser state {sorted(st)} for parameter {i}, expected {sorted(names)}")
-        for name, v in st.items():
-            if name == "step":
-                ok = v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool
-                val = float(v.reshape(())) if ok else math.nan
-                if not (math.isfinite(val) and val == int(val) and 0 <= val <= step):
-                    raise bad(f"has optimiser step count opt.{i}.step = {v.tolist()!r}, expected an integer in "
-                              f"[0, {step}] (the checkpoint's step)")
-            elif v.shape != p.shape or v.dtype != p.dtype:
-                raise bad(f"has optimiser state opt.{i}.{name} of shape {list(v.shape)} and dtype {v.dtype}, "
-                          f"expected shape {list(p.shape)} and dtype {p.dtype} (those of parameter {i})")
+        if "step" in st:
+            v = st["step"]
+            ok = v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool
+            val = float(v.reshape(())) if ok else math.nan
+            if not (math.isfinite(val) and val == int(val) and 0 <= val <= step):
+                raise bad(f"has optimiser step count opt.{i}.step = {v.tolist()!r}, expected an integer in "
+                          f"[0, {step}] (the checkpoint's step)")
     counts = [float(st["step"].reshape(())) for st in state.values() if "step" in st]
     if names is not None and step > 0 and (not counts or max(counts) != step):
         raise bad(f"says step {step} but its optimiser state has made {int(max(counts)) if counts else 0} step(s) "
@@ -188,12 +240,9 @@ def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
                             "object", RESTART_FIX, "checkpoint metadata")
     step, history, seconds = _check_meta(meta, path.with_suffix(".json"), config, set(ignore), implicit)
     mod, state = _check_tensors(tensors, path, module, opt, step, prefix)
-    dev = next((p.device for p in module.parameters()), torch.device("cpu"))
     try:
         module.load_state_dict(mod)
-        sd = opt.state_dict()
-        sd["state"] = {i: {k: v if k == "step" else v.to(dev) for k, v in st.items()} for i, st in state.items()}
-        opt.load_state_dict(sd)
+        restore_optimizer(opt, state)
     except (RuntimeError, KeyError, ValueError) as e:  # defensive: the checks above should have caught it
         raise ValueError(f"checkpoint {str(path)!r} does not fit the model or optimiser ({e}); {RESTART_FIX}") from e
     return step, history, seconds
