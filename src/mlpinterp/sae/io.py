@@ -311,6 +311,7 @@ def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[st
     fix = "save the SAE again (or retrain it); load with verify_hash=False only if the edit was deliberate"
     if ours and (header or verify_hash):
         if not header:
+            read_safetensors(wfile, what="SAE weights")  # a corrupt file is named as such
             fmt = raw.get("mlpinterp_format")
             raise ArtifactError(wfile, "carries no artifact header although cfg.json has mlpinterp's keys"
                                        + (f" (cfg.json mlpinterp_format {fmt!r}: an earlier mlpinterp wrote it)"
