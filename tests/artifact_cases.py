@@ -123,19 +123,20 @@ def _classifier_state() -> Case:
 
 def _sae_case(layout: str) -> Case:
     def make(d: Path):
+        from mlpinterp.sae.io import save_sae
         from mlpinterp.sae.topk import SaeConfig, TopKSae
 
         sae = TopKSae(6, SaeConfig(d_sae=10, k=4), generator=torch.Generator().manual_seed(0), dtype=torch.float32,
                       hook_point="encoder.layer.3.output", model_name="minilm")
         with torch.no_grad():
             sae.b_dec.normal_(0, 1.0, generator=torch.Generator().manual_seed(2))
-        sae.save(d, layout=layout)
+        save_sae(sae, d, layout=layout)
         return d / ("sae.safetensors" if layout == "sparsify" else "sae_weights.safetensors"), d / "cfg.json"
 
     def load(d: Path):
-        from mlpinterp.sae.topk import TopKSae
+        from mlpinterp.sae.io import load_sae
 
-        sae = TopKSae.load(d)
+        sae = load_sae(d)
         return {"state": dict(sae.state_dict()), "cfg": dataclasses.asdict(sae.cfg), "hook": sae.hook_point,
                 "model": sae.model_name, "scale": sae.input_scale, "d_in": sae.d_in, "dtype": str(sae.dtype)}
 

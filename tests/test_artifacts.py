@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import mlpinterp as mi
 from mlpinterp.cli.main import app
 from mlpinterp.models import load_classifier
+from mlpinterp.sae.io import load_sae, save_sae
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.toys import load_toy
 from mlpinterp.utils import artifact as artifact_mod
@@ -63,7 +64,7 @@ def test_no_silent_load_under_bit_flips_and_truncation(tmp_path, case):
 
 def _sae(tmp_path, layout="sparsify"):
     sae = TopKSae(6, SaeConfig(d_sae=10, k=4), generator=torch.Generator().manual_seed(0), dtype=torch.float32)
-    sae.save(tmp_path, layout=layout)
+    save_sae(sae, tmp_path, layout=layout)
     return sae
 
 
@@ -78,7 +79,7 @@ def test_sae_cfg_k_flip_is_refused(tmp_path, layout):
     cfg.write_bytes(raw.replace(top, top[:-1] + bytes([top[-1] ^ 0x02])))
     assert json.loads(cfg.read_text())["k"] == 6
     with pytest.raises(ArtifactError, match=r"does not match its recorded SHA-256 .*tensors and cfg.json"):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
 
 
 def test_sae_written_before_the_header_needs_verify_hash_false(tmp_path):
@@ -89,9 +90,9 @@ def test_sae_written_before_the_header_needs_verify_hash_false(tmp_path):
     (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "mlpinterp_format": 2, "weights_sha256": "0" * 64}))
     with pytest.raises(ArtifactError, match=r"no artifact header .*\(cfg.json mlpinterp_format 2: an earlier "
                                             r"mlpinterp wrote it\).*load it with verify_hash=False"):
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
     x = torch.randn(5, 6)
-    torch.testing.assert_close(TopKSae.load(tmp_path, verify_hash=False)(x).sae_out, sae(x).sae_out)
+    torch.testing.assert_close(load_sae(tmp_path, verify_hash=False)(x).sae_out, sae(x).sae_out)
 
 
 # ----------------------------------------------------------------------------- format, kind, provenance

@@ -490,7 +490,7 @@ def test_sae_load_cfg_not_object_and_path_is_file(sae, tmp_path):
         load_sae(tmp_path / "cfg.json")
     (tmp_path / "cfg.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="does not match its recorded SHA-256"):  # edited
-        TopKSae.load(tmp_path)
+        load_sae(tmp_path)
     rewrite(tmp_path / "sae.safetensors", [1, 2], meta_path=tmp_path / "cfg.json")  # written so
     with pytest.raises(ValueError, match="must hold a JSON object, got list"):
         load_sae(tmp_path)

@@ -311,7 +311,11 @@ def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[st
     fix = "save the SAE again (or retrain it); load with verify_hash=False only if the edit was deliberate"
     if ours and (header or verify_hash):
         if not header:
-            read_safetensors(wfile, what="SAE weights")  # a corrupt file is named as such
+            try:  # a corrupt file is named as such
+                read_safetensors(wfile, what="SAE weights")
+            except ValueError as e:
+                raise ArtifactError(wfile, f"is not a valid safetensors file (corrupt or truncated: {e.__cause__})",
+                                    fix, "SAE") from e
             fmt = raw.get("mlpinterp_format")
             raise ArtifactError(wfile, "carries no artifact header although cfg.json has mlpinterp's keys"
                                        + (f" (cfg.json mlpinterp_format {fmt!r}: an earlier mlpinterp wrote it)"
