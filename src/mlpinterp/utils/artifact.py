@@ -37,7 +37,8 @@ import torch
 from mlpinterp.utils.io import WriteError, atomic_replace_all, atomic_write_bytes, bytes_writer, dumps_json, loads_json
 
 __all__ = ["FORMAT", "Artifact", "ArtifactError", "WriteError", "artifact_digest", "artifact_kind", "artifact_sha256",
-           "has_envelope", "load_artifact", "load_json_artifact", "read_safetensors", "save_artifact", "save_json_artifact", "tensors_path"]
+           "has_envelope", "load_artifact", "load_json_artifact", "read_safetensors", "save_artifact",
+           "save_json_artifact", "tensors_path"]
 
 FORMAT = 1
 """``mlpinterp_format`` of the artifacts written by this version."""
@@ -255,7 +256,7 @@ def _expect_kind(found: str, kind: str | Iterable[str], path: Path, fix: str, wh
                             f"pass a {want} file", what)
 
 
-def check_provenance(recorded: Mapping, expected: Mapping | None, path: Path, fix: str, what: str) -> None:
+def _expect_provenance(recorded: Mapping, expected: Mapping | None, path: Path, fix: str, what: str) -> None:
     """Raise :class:`ArtifactError` naming every key of ``expected`` whose recorded value differs or is missing
     (values compare after conversion to JSON: tuples equal lists)."""
     if not expected:
@@ -331,7 +332,7 @@ def load_artifact(path: str | os.PathLike, *, kind: str | Iterable[str], provena
                                       f"tensors and {mpath.name} hash to {got[:12]}...): a file is corrupt, truncated "
                                       "or was changed after saving", fix, name)
     _expect_kind(md["kind"], kind, path, fix, name)
-    check_provenance(prov, provenance, path, fix, name)
+    _expect_provenance(prov, provenance, path, fix, name)
     return Artifact(tensors=tensors, meta=meta, provenance=prov, kind=md["kind"], path=path, sha256=md["sha256"],
                     format=fmt)
 
@@ -376,6 +377,6 @@ def load_json_artifact(path: str | os.PathLike, *, kind: str | Iterable[str], pr
     if not isinstance(doc["kind"], str) or not isinstance(doc["provenance"], dict):
         raise ArtifactError(path, "has a malformed envelope", fix, name)
     _expect_kind(doc["kind"], kind, path, fix, name)
-    check_provenance(doc["provenance"], provenance, path, fix, name)
+    _expect_provenance(doc["provenance"], provenance, path, fix, name)
     return Artifact(tensors={}, meta=doc["data"], provenance=doc["provenance"], kind=doc["kind"], path=path,
                     sha256=doc["sha256"], format=fmt)
