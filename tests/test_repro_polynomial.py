@@ -263,6 +263,15 @@ def _check_smoke_report(out, output: str) -> None:
 # --------------------------------------------------------------------------- resume, extend, expected errors
 
 
+def _approximant_steps(out) -> set:
+    """The training steps the saved final approximants of seed 0 record as their provenance."""
+    from mlpinterp.utils.artifact import load_artifact
+
+    files = sorted((out / "seed0" / "approximants").glob("*.safetensors"))
+    assert files
+    return {load_artifact(f, kind=("ridge_polynomial", "dense_polynomial")).provenance["step"] for f in files}
+
+
 def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path):
     out = tmp_path / "run"
     base = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--quiet"]
@@ -271,8 +280,10 @@ def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path)
     assert r.exit_code == 0, r.output + repr(r.exception)
     res = json.loads((out / "results.json").read_text())
     assert res["steps"][-1] == 48 and json.loads((out / "seed0" / "attack.json").read_text())["step"] == 48
+    assert _approximant_steps(out) == {48}
     r = CliRunner().invoke(app, [*base, "--steps", "32"])  # shorten: this run's checkpoints only
     assert r.exit_code == 0 and json.loads((out / "results.json").read_text())["steps"] == [16, 24, 32]
+    assert _approximant_steps(out) == {32}  # the step-48 approximants on disk were refit, not reused
 
     r = CliRunner().invoke(app, [*base, "--steps", "32", "--covariance", "empirical"])
     assert r.exit_code == 1 and not isinstance(r.exception, (ValueError, OSError))
