@@ -43,7 +43,7 @@ from mlpinterp.utils.checkpoint import (
     save_training_state,
 )
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.schedules import quarter_cosine
+from mlpinterp.utils.schedules import cosine_half, cosine_quarter, linear_warmup
 from mlpinterp.utils.validation import check_batch_tensor
 
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
@@ -197,13 +197,12 @@ def lr_at(step: int, cfg: APDConfig) -> float:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     warm = int(cfg.warmup_frac * cfg.steps)
     if step < warm:
-        return cfg.lr * (step + 1) / warm
+        return cfg.lr * linear_warmup(step, warm)
     if cfg.lr_schedule == "constant":
         return cfg.lr
     if cfg.lr_schedule == "quarter_cosine":
-        return cfg.lr * quarter_cosine(step - warm, cfg.steps - warm)
-    frac = (step - warm) / max(1, cfg.steps - warm)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+        return cfg.lr * cosine_quarter(step - warm, cfg.steps - warm)
+    return cfg.lr * cosine_half(step - warm, cfg.steps - warm, zero_at_last_step=False)
 
 
 def select_mask(attr: torch.Tensor, cfg: APDConfig) -> torch.Tensor:

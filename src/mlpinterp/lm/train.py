@@ -50,6 +50,7 @@ from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.schedules import cosine_half, linear_warmup
 from mlpinterp.utils.validation import check_instance, check_int, config_diff
 
 CHECKPOINT_KIND = "lm_checkpoint"
@@ -60,11 +61,10 @@ def lr_at(cfg: LmTrainConfig, step: int) -> float:
     """Learning rate of 0-based ``step``: ``lr (step + 1) / warmup_steps`` during warm-up, then cosine decay from
     ``lr`` to ``min_lr_fraction * lr`` at the last step."""
     if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(cfg.steps - cfg.warmup_steps - 1, 1)
-    progress = min((step - cfg.warmup_steps) / span, 1.0)
+        return cfg.lr * linear_warmup(step, cfg.warmup_steps)
     floor = cfg.min_lr_fraction * cfg.lr
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return floor + (cfg.lr - floor) * cosine_half(step - cfg.warmup_steps, cfg.steps - cfg.warmup_steps,
+                                                  zero_at_last_step=True)
 
 
 def next_token_ce(model: nn.Module, ids: Tensor) -> Tensor:

@@ -58,6 +58,7 @@ from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.schedules import cosine_half_rise
 from mlpinterp.utils.validation import config_diff
 
 CHECKPOINT_KIND = "mfr_checkpoint"
@@ -144,13 +145,6 @@ def should_reinit(measure: float, threshold: float) -> bool:
 
 
 # ----------------------------------------------------------------------------- penalty
-def cosine_warmup(step: int, warmup_steps: int) -> float:
-    """``(1 - cos(pi * min(step, T) / T)) / 2``: 0 at step 0, 1 from step ``T`` on (1 if ``T == 0``)."""
-    if warmup_steps <= 0:
-        return 1.0
-    return 0.5 * (1.0 - math.cos(math.pi * min(step, warmup_steps) / warmup_steps))
-
-
 def pair_dissimilarity(a: Tensor, b: Tensor, assignment: tuple[np.ndarray, np.ndarray] | None = None,
                        matching: Literal["hungarian", "max"] = "hungarian") -> tuple[Tensor, tuple]:
     """``1 - MMCS(a, b)`` for dictionaries ``[d_sae, d_in]`` and the assignment used (reusable later).
@@ -552,7 +546,7 @@ class MfrTrainer:
             surrogate, penalty_value = self._penalty()
             if self.alpha is None:
                 self.alpha = float(np.mean(recon_all)) / penalty_value if penalty_value > 0 else 0.0
-            alpha_t = self.alpha * cosine_warmup(self.step, cfg.warmup_steps)
+            alpha_t = self.alpha * cosine_half_rise(self.step, cfg.warmup_steps)
             loss = loss + alpha_t * surrogate
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)

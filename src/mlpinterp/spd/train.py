@@ -45,6 +45,7 @@ from mlpinterp.utils.checkpoint import (
     save_training_state,
 )
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.schedules import cosine_half, cosine_quarter
 from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real, nonfinite_names
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -185,10 +186,9 @@ def lr_at(step: int, cfg: SPDConfig) -> float:
     check_int(step, "step", minimum=0)
     if cfg.lr_schedule == "constant" or cfg.steps == 1:
         return cfg.lr
-    t = step / (cfg.steps - 1)
     if cfg.lr_schedule == "cosine-annealing":
-        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t))
-    return cfg.lr * math.cos(0.5 * math.pi * t)
+        return cfg.lr * cosine_half(step, cfg.steps, zero_at_last_step=True)
+    return cfg.lr * cosine_quarter(step, cfg.steps)
 
 
 def spd_losses(model: nn.Module, dec: Decomposition, x: torch.Tensor, cfg: SPDConfig,

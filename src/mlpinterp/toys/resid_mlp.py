@@ -13,7 +13,6 @@ Module names (the decomposition targets): ``layers.{i}.mlp_in`` (``[d_mlp, d_emb
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 
 from mlpinterp.toys.data import sparse_features, step_generator
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.schedules import quarter_cosine
+from mlpinterp.utils.schedules import cosine_half, cosine_quarter
 from mlpinterp.utils.validation import check_int, check_real
 
 
@@ -199,8 +198,8 @@ def build_resid_mlp(cfg: ResidMLPConfig) -> ResidualMLP:
 
 def _target_lr(cfg: ResidMLPConfig, step: int) -> float:
     if cfg.lr_schedule == "quarter_cosine":
-        return cfg.lr * quarter_cosine(step, cfg.steps)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / cfg.steps))
+        return cfg.lr * cosine_quarter(step, cfg.steps)
+    return cfg.lr * cosine_half(step, cfg.steps, zero_at_last_step=False)
 
 
 def train_resid_mlp(cfg: ResidMLPConfig, quiet: bool = False) -> tuple[ResidualMLP, dict]:

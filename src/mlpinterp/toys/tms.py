@@ -19,6 +19,7 @@ from torch import nn
 
 from mlpinterp.toys.data import sparse_features, step_generator
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.schedules import linear_decay
 from mlpinterp.utils.validation import check_bool, check_int, check_real
 
 
@@ -206,7 +207,7 @@ def train_tms(cfg: TMSConfig, quiet: bool = False) -> tuple[TMS, dict]:
         for step in range(cfg.steps):
             if cfg.lr_schedule == "linear":
                 for g in opt.param_groups:
-                    g["lr"] = cfg.lr * (1.0 - step / cfg.steps)
+                    g["lr"] = cfg.lr * linear_decay(step, cfg.steps)
             x = sparse_features(cfg.batch_size, n, cfg.feature_probability, generator=step_generator(cfg.seed, step))
             loss = ((fwd(x) - x) ** 2).mean(dim=(1, 2)).sum()
             opt.zero_grad(set_to_none=True)
