@@ -573,9 +573,10 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
     from mlpinterp.lm.hooks import hook_activations
     from mlpinterp.lm.models import canonical_model_name, load_model
+    from mlpinterp.lm.recovery import is_causal_lm
     from mlpinterp.lm.text import read_texts, split_files, token_chunks
     from mlpinterp.sae.activations import ActivationConfig, ActivationSource
-    from mlpinterp.sae.evaluate import evaluate_sae, is_causal_lm
+    from mlpinterp.sae.evaluate import evaluate_sae
 
     conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
     out = Path(out)

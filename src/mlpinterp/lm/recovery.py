@@ -167,9 +167,23 @@ class Replacement:
 
 
 def is_causal_lm(model: nn.Module) -> bool:
-    """True for models that return next-token ``logits`` (an LM head), False for encoders (sentence embeddings)."""
+    """True for a model that returns next-token ``logits``: an output head (``get_output_embeddings()`` is not
+    None, or an ``lm_head`` module without a config) on a decoder, that is ``config.is_decoder`` or an
+    architecture in transformers' causal-LM mapping (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...). False for
+    encoders (``BertModel``, MiniLM: sentence embeddings) and for masked LMs (``BertForMaskedLM``: an LM head
+    whose logits are not next-token predictions). The one test of that: :func:`downstream_comparison` and the
+    SAE evaluation both branch on it."""
     get = getattr(model, "get_output_embeddings", None)
-    return hasattr(model, "lm_head") or (callable(get) and get() is not None)
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return isinstance(getattr(model, "lm_head", None), nn.Module)
+    if not (callable(get) and get() is not None):
+        return False
+    if getattr(cfg, "is_decoder", False):
+        return True
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return type(model).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def downstream_comparison(model: nn.Module, replacements: dict[str, Replacement], input_ids: Tensor,

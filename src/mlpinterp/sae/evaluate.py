@@ -28,12 +28,6 @@ def sae_fn(sae: TopKSae) -> Callable[[Tensor], Tensor]:
     return fn
 
 
-def is_causal_lm(model: nn.Module) -> bool:
-    """True for models with an LM head (next-token logits), e.g. ``GPT2LMHeadModel``; False for ``BertModel``."""
-    get = getattr(model, "get_output_embeddings", None)
-    return callable(get) and get() is not None
-
-
 def _merge(a: dict, b: dict) -> dict:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in a.items()}
     for k, v in b.items():
@@ -67,7 +61,7 @@ def evaluate_sae(sae: TopKSae, model: nn.Module, input_ids: Tensor, attention_ma
         ``allow_mismatch`` is False (with it: a ``UserWarning``).
     """
     from mlpinterp.lm.hooks import hook_activations
-    from mlpinterp.lm.recovery import embedding_recovered, kl_ce_scores
+    from mlpinterp.lm.recovery import embedding_recovered, is_causal_lm, kl_ce_scores
     from mlpinterp.sae.core_metrics import core_metrics
     from mlpinterp.sae.io import check_provenance
 
