@@ -33,7 +33,7 @@ from mlpinterp.apd import (
     topk_mask,
 )
 from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms
 from mlpinterp.experiments.rundir import check_out_dir, recipe_overrides
 from mlpinterp.paramspace import Components, column_match, reference_rank, run_with_components
 from mlpinterp.toys import (
@@ -55,6 +55,7 @@ from mlpinterp.toys import (
 from mlpinterp.toys.resid_mlp import ADDED_FIELDS as RESID_ADDED_FIELDS
 from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.utils.artifact import save_artifact, tensors_path
+from mlpinterp.utils.figures import pyplot, save_figure
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import check_bool, check_device, check_int, config_differences
 
@@ -389,7 +390,7 @@ def plot_contributions(model, comps: Components, responsible: np.ndarray, path: 
         ax.set_ylabel("feature")
         ax.set_title(f"neuron contributions: {t}", fontsize=9)
     axes[1].set_xlabel("neuron")
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig) -> None:
@@ -411,7 +412,7 @@ def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig)
         ax.plot(xs, y_apd, "--", label="APD top-1")
         ax.set_title(f"function {i}", fontsize=9)
     axes[0].legend(fontsize=7)
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- evaluate

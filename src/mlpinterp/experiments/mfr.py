@@ -38,7 +38,8 @@ from mlpinterp.sae.metrics import firing_counts, mmcs
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
-from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json
+from mlpinterp.utils.figures import pyplot, save_figure
+from mlpinterp.utils.io import atomic_write_json
 
 PAPER = {
     "synthetic_correlation_baseline": 0.625,
@@ -242,14 +243,6 @@ def _summarise(results: list[dict], keys: list[str]) -> dict:
     return summary
 
 
-def _savefig(fig, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-
-
 _COLORS = {"baseline": "C0", "reinit": "C3", "mfr": "C1", "mfr_alpha0.1": "C2"}
 
 
@@ -261,11 +254,7 @@ def _integer_k_axis(ax, ks: list[int]) -> None:
 
 
 def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     summary = _summarise(results, ["mmcs_truth", "fvu", "correlation"])
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     all_ks = sorted({int(k) for cond in summary for k in summary[cond]})
@@ -287,8 +276,7 @@ def _figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict])
         ax.set_xlabel("k (= active features per sample)")
         ax.set_title(label)
         ax.legend(fontsize=8)
-    _savefig(fig, out / "synthetic_summary.png")
-    plt.close(fig)
+    save_figure(fig, out / "synthetic_summary.png", dpi=120)
 
 
 # ----------------------------------------------------------------------------- statistics, verdicts, report
@@ -668,11 +656,7 @@ def _summary_png(is_lm: bool) -> str:
 def _figures_minilm(out: Path, summary: dict, downstream: str | None = "cosine_recovered",
                     name: str = "minilm_summary.png") -> None:
     """Per-k panels of held-out FVU, the ``downstream`` metric (none when None) and the dead fraction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = ["fvu", *([downstream] if downstream else []), "dead_fraction"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.7 * len(keys), 4))
     for ax, key in zip(axes, keys, strict=True):
@@ -686,5 +670,4 @@ def _figures_minilm(out: Path, summary: dict, downstream: str | None = "cosine_r
         ax.set_xlabel("k")
         ax.set_title(label)
         ax.legend(fontsize=8)
-    _savefig(fig, out / name)
-    plt.close(fig)
+    save_figure(fig, out / name, dpi=120)

@@ -1,6 +1,7 @@
 """Figures shared by the parameter-space reproductions (APD, SPD): loss curves, TMS columns, scrubbing histograms.
 
-Every figure is written atomically as a PNG (:func:`save_fig`), so a report never embeds a half-written file.
+Every figure is written atomically as a PNG (:func:`mlpinterp.utils.figures.save_figure`), so a report never
+embeds a half-written file.
 """
 
 from __future__ import annotations
@@ -9,28 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.utils.io import atomic_write_bytes
-
-
-def pyplot():
-    """``matplotlib.pyplot`` with the non-interactive Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_fig(fig, path: Path) -> None:
-    """Write ``fig`` as a PNG atomically and close it."""
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-    pyplot().close(fig)
-
+from mlpinterp.utils.figures import pyplot, save_figure
 
 APD_LOSSES = ("faithfulness", "minimality", "simplicity", "act_recon", "lp_minimality", "lp_simplicity")
 """Loss terms of an APD history (:func:`mlpinterp.apd.apd_losses`)."""
@@ -48,7 +28,7 @@ def plot_history(history: list[dict], path: Path, title: str, keys=APD_LOSSES) -
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
@@ -78,7 +58,7 @@ def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
         ax.set_ylabel("component (sorted)")
         ax.set_title("||P_c[:, j]||: column norms of every component")
         fig.colorbar(im, ax=ax)
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_scrubbing(res, path: Path) -> None:
@@ -94,4 +74,4 @@ def plot_scrubbing(res, path: Path) -> None:
     ax.set_xlabel("MSE to the target output")
     ax.set_ylabel("samples")
     ax.legend()
-    save_fig(fig, path)
+    save_figure(fig, path)

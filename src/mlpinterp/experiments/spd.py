@@ -25,7 +25,7 @@ from torch import nn
 
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
-from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms
 from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.paramspace import column_match
 from mlpinterp.spd import (
@@ -44,6 +44,7 @@ from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.artifact import load_artifact, save_artifact
+from mlpinterp.utils.figures import pyplot, save_figure
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import check_bool, check_device, check_instance, check_int, check_real
 
@@ -229,7 +230,7 @@ def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str
         ax.set_xlabel("subcomponent (alive, sorted)")
     axes[0][0].set_ylabel("input feature (one-hot)")
     fig.colorbar(im, ax=axes[0].tolist(), label="causal importance")
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- evaluate

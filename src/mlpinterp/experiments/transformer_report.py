@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.experiments.report import figure, fmt_value, md_table, verdict, write_report
+from mlpinterp.utils.figures import save_figure
 
 _COLORS = {"gaussian": "C0", "mixture": "C1", "data": "C2", "hybrid": "C3"}
 _LABEL = {"gaussian": "Gaussian (exact)", "mixture": "Gaussian mixture", "data": "data projection (exact LS)",
@@ -67,8 +68,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
     axes[0][0].set_ylabel("FVU on held-out real tokens")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "fvu_vs_layer.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, figs / "fvu_vs_layer.png", dpi=110)
     made.append(("figures/fvu_vs_layer.png", "FVU on held-out real tokens per block, degree and input model"))
 
     fig, ax = plt.subplots(figsize=(5, 4.4))
@@ -95,8 +95,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
     ax.set_ylabel("FVU on held-out real tokens")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "model_vs_data.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, figs / "model_vs_data.png", dpi=110)
     made.append(("figures/model_vs_data.png", "FVU under each input model vs on held-out real tokens"))
 
     kind = layers[0]["splice"]["kind"] if layers else "embedding"
@@ -120,8 +119,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.axis("off")
     axes.ravel()[0].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(figs / "splice.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, figs / "splice.png", dpi=110)
     made.append(("figures/splice.png", "Splice-in: the model's own output with each approximant in place of the block"))
 
     spectra = [(lay["layer"], out / "layers" / f"{lay['layer']}_features.npz") for lay in layers
@@ -137,8 +135,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_title("quadratic form along the top output direction")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(figs / "features.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, figs / "features.png", dpi=110)
         made.append(("figures/features.png", "Eigenvalue spectra of the degree-2 term along each block's top output "
                                              "direction (recommended input model)"))
 
@@ -156,8 +153,7 @@ def _figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_xticks(x)
         ax.set_xlabel("FFN block")
     fig.tight_layout()
-    fig.savefig(figs / "diagnostics.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, figs / "diagnostics.png", dpi=110)
     made.append(("figures/diagnostics.png", "Gaussianity diagnostics of each block's real inputs"))
     return made
 
