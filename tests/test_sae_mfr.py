@@ -15,13 +15,13 @@ from mlpinterp.sae.metrics import cosine_matrix, mmcs
 from mlpinterp.sae.mfr import (
     MfrConfig,
     MfrTrainer,
-    cosine_warmup,
     cubed_relative_deviation,
     mfr_penalty,
     should_reinit,
 )
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
+from mlpinterp.utils.schedules import cosine_half_rise as cosine_warmup
 
 
 def _brute_mmcs(a: torch.Tensor, b: torch.Tensor) -> float:

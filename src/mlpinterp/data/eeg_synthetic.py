@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.data.edf import write_edf
+from mlpinterp.utils.seeding import numpy_rng
 from mlpinterp.utils.validation import check_int
 
 TUH_LABELS = ("FP1", "FP2", "F3", "F4", "C3", "C4", "P3", "P4", "O1", "O2", "F7", "F8", "T3", "T4", "T5", "T6",
@@ -27,9 +28,9 @@ def synthetic_eeg(n_channels: int = 19, seconds: int = 60, sfreq: int = 256, n_s
     """One synthetic recording ``[n_channels, seconds * sfreq]`` in microvolts (see the module docstring)."""
     check_int(n_channels, "n_channels")
     check_int(n_sources, "n_sources")
-    mix = np.random.default_rng([seed, 0]).normal(0, 1, (n_channels, n_sources)) * 10  # fixed montage, uV
-    rng = np.random.default_rng([seed, 1, recording])
-    freqs = np.random.default_rng([seed, 2]).uniform(4, 30, n_sources)
+    mix = numpy_rng(seed, 0).normal(0, 1, (n_channels, n_sources)) * 10  # fixed montage, uV
+    rng = numpy_rng(seed, 1, recording)
+    freqs = numpy_rng(seed, 2).uniform(4, 30, n_sources)
     n = int(seconds * sfreq)
     t = np.arange(n) / sfreq
     sources = np.zeros((n_sources, n))

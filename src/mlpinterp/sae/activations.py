@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from mlpinterp.lm.hooks import hook_activations, resolve_hook_point
 from mlpinterp.lm.text import read_texts, token_chunks
 from mlpinterp.utils.artifact import load_artifact, load_json_artifact, save_artifact, save_json_artifact
+from mlpinterp.utils.seeding import torch_generator
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class ActivationSource:
 
     def _model_stream(self, epoch: int) -> Iterator[Tensor]:
         """Unshuffled activations ``[n, d_in]`` of one pass over the chunks (chunk order seeded by epoch)."""
-        g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        g = torch_generator(self.cfg.seed, "chunk-order", epoch)
         order = torch.randperm(self.chunks.shape[0], generator=g)
         for s in range(0, len(order), self.cfg.seq_batch):
             ids = self.chunks[order[s:s + self.cfg.seq_batch]]
@@ -136,7 +137,7 @@ class ActivationSource:
             if meta.get("cfg", {}).get("hook_point") != self.cfg.hook_point:
                 raise ValueError(f"cache {str(self.cache_dir)!r} holds hook point {meta['cfg'].get('hook_point')!r}, "
                                  f"not {self.cfg.hook_point!r}")
-            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            g = torch_generator(self.cfg.seed, "chunk-order", epoch)
             for i in torch.randperm(int(meta["n_shards"]), generator=g).tolist():
                 shard = load_artifact(self.cache_dir / f"shard_{i:05d}.safetensors", kind="activation_shard",
                                       provenance={"hook_point": self.cfg.hook_point}, fix=fix)
@@ -170,7 +171,7 @@ class ActivationSource:
         """Endless stream of shuffled ``[batch_size, d_in]`` batches (passes over the corpus repeat, each in a
         new chunk order). Raises ``ValueError`` if a pass yields no activation at all."""
         cfg = self.cfg
-        g = torch.Generator().manual_seed(cfg.seed + 7919)
+        g = torch_generator(cfg.seed, "shuffle")
         buffer: list[Tensor] = []
         n_buf = 0
         fill = max(cfg.buffer_size, 2 * cfg.batch_size)

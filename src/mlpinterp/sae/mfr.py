@@ -53,12 +53,12 @@ from torch import Tensor
 
 from mlpinterp.sae.io import check_provenance, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, firing_counts
-from mlpinterp.sae.synthetic import _mix
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.schedules import cosine_half_rise
+from mlpinterp.utils.seeding import torch_generator
 from mlpinterp.utils.validation import config_diff
 
 CHECKPOINT_KIND = "mfr_checkpoint"
@@ -400,7 +400,7 @@ class MfrTrainer:
 
     # -------------------------------------------------------------- construction helpers
     def _new_sae(self, i: int) -> TopKSae:
-        g = torch.Generator().manual_seed(_mix(self.cfg.seed, 1000 * i + self.n_reinits[i]))
+        g = torch_generator(self.cfg.seed, "sae-init", i, self.n_reinits[i])
         return TopKSae(self.d_in, self.cfg.sae, generator=g, dtype=self.dtype, model_name=self.model_name,
                        hook_point=self.hook_point, input_scale=self.input_scale or 1.0).to(self.device)
 
@@ -434,7 +434,7 @@ class MfrTrainer:
         """Re-initialise owned SAE ``local`` (index into ``saes``) in place, with a fresh optimiser."""
         i = self.owned[local]
         self.n_reinits[i] += 1
-        g = torch.Generator().manual_seed(_mix(self.cfg.seed, 1000 * i + self.n_reinits[i]))
+        g = torch_generator(self.cfg.seed, "sae-init", i, self.n_reinits[i])
         self.saes[local].reset_parameters(g)
         self.opts[local] = self._new_opt(self.saes[local])
         self.since_fired[local].zero_()

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mlpinterp.utils.seeding import torch_generator
+
 
 @dataclass(frozen=True)
 class SyntheticConfig:
@@ -97,7 +99,7 @@ class SyntheticData:
         if not isinstance(cfg, SyntheticConfig):
             raise TypeError(f"cfg must be a SyntheticConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        g = torch.Generator().manual_seed(_mix(cfg.seed, 0xFEA7))
+        g = torch_generator(cfg.seed, "synthetic-features")
         f = torch.randn(cfg.n_features, cfg.d, generator=g, dtype=torch.float64)
         self.features = (f / f.norm(dim=1, keepdim=True)).float()
         splits = np.array_split(np.arange(cfg.n_features), cfg.n_groups)
@@ -124,7 +126,7 @@ class SyntheticData:
             raise ValueError(f"index must be a non-negative int, got {index!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        g = torch.Generator().manual_seed(_mix(self.cfg.seed, index + 1))
+        g = torch_generator(self.cfg.seed, "synthetic-batch", index)
         group = torch.randint(self.cfg.n_groups, (batch_size,), generator=g)
         u = torch.rand(batch_size, self._logw.shape[1], generator=g, dtype=torch.float64)
         gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
@@ -147,11 +149,3 @@ class SyntheticData:
         while n_batches is None or i < start + n_batches:
             yield self.batch(i, batch_size).x
             i += 1
-
-
-def _mix(seed: int, index: int) -> int:
-    """A 63-bit seed for batch ``index`` of stream ``seed`` (SplitMix64-style mixing)."""
-    z = (int(seed) * 0x9E3779B97F4A7C15 + int(index) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % (1 << 64)
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)

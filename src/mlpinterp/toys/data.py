@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from mlpinterp.utils.seeding import torch_generator
 from mlpinterp.utils.validation import check_int, check_real
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
-    """A ``torch.Generator`` whose state depends only on ``(seed, step)``."""
+    """A ``torch.Generator`` whose state depends only on ``(seed, step)``: the stream ``(seed, "step", step)`` of
+    :func:`mlpinterp.utils.seeding.torch_generator` (``step`` may be negative, e.g. -1 for a held-out batch)."""
     if isinstance(seed, bool) or isinstance(step, bool) or not isinstance(seed, int) or not isinstance(step, int):
         raise TypeError(f"seed and step must be int, got {type(seed).__name__} and {type(step).__name__}")
-    g = torch.Generator()
-    g.manual_seed((seed * 1_000_003 + step * 7_919 + 12_345) % (2**63 - 1))
-    return g
+    return torch_generator(seed, "step", step)
 
 
 def sparse_features(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlpinterp.utils.seeding import numpy_rng
+
 
 def epoch_batch_indices(seed: int, n: int, batch_size: int, step: int, cache: dict) -> np.ndarray:
     """Indices ``[batch_size]`` of the batch used at 0-based ``step``: epoch ``e`` is the permutation
@@ -22,5 +24,5 @@ def epoch_batch_indices(seed: int, n: int, batch_size: int, step: int, cache: di
     epoch, j = divmod(step, per_epoch)
     if cache.get("epoch") != epoch:
         cache["epoch"] = epoch
-        cache["perm"] = np.random.default_rng([seed, epoch]).permutation(n)
+        cache["perm"] = numpy_rng(seed, epoch).permutation(n)
     return cache["perm"][j * batch_size : (j + 1) * batch_size]
