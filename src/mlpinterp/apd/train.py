@@ -12,7 +12,6 @@ Runs are deterministic given the seed (each step's batch comes from ``sample(ste
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from mlpinterp.utils.checkpoint import (
 )
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.schedules import cosine_half, cosine_quarter, linear_warmup
-from mlpinterp.utils.validation import check_batch_tensor
+from mlpinterp.utils.validation import Bool, Int, Real, check_batch_tensor, check_fields
 
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
 #: APDConfig fields added after the first release, with the behaviour before each: a checkpoint written before a
@@ -122,31 +121,15 @@ class APDConfig:
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first ill-typed or inconsistent field."""
-        for name in ("C", "steps", "batch_size", "log_every", "checkpoint_every", "seed", "m", "chunk_size",
-                     "init_instances"):
-            v = getattr(self, name)
-            if v is None and name in ("m", "chunk_size"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
-            if name != "seed" and v < 1:
-                raise ValueError(f"{name} must be positive (an int >= 1), got {v}")
-        for name in ("lr", "warmup_frac", "weight_decay", "topk", "faithfulness_coeff", "minimality_coeff",
-                     "simplicity_coeff", "schatten_p", "act_recon_coeff", "lp_p1", "lp_p2", "init_scale"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise TypeError(f"{name} must be a real number, got {type(v).__name__} {v!r}")
-            if not math.isfinite(v):
-                raise ValueError(f"{name} must be finite, got {v}")
-        for name in ("lr", "init_scale"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("weight_decay", "faithfulness_coeff", "minimality_coeff", "simplicity_coeff", "act_recon_coeff"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("batch_topk", "unit_norm_B"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
+        positive = Int(1, range_what="positive (an int >= 1)")
+        check_fields(self, {
+            ("C", "steps", "batch_size", "log_every", "checkpoint_every"): positive, "seed": Int(None),
+            ("m", "chunk_size"): Int(1, range_what="positive (an int >= 1)", optional=True), "init_instances": positive,
+            ("lr", "init_scale"): Real(0.0, lo_open=True, range_what="> 0"),
+            ("weight_decay", "faithfulness_coeff", "minimality_coeff", "simplicity_coeff", "act_recon_coeff"):
+                Real(0.0, range_what=">= 0"),
+            ("warmup_frac", "topk", "schatten_p", "lp_p1", "lp_p2"): Real(range_what="finite"),
+            ("batch_topk", "unit_norm_B"): Bool()})
         for name in ("targets", "act_names"):
             v = getattr(self, name)
             if isinstance(v, str) or not isinstance(v, (tuple, list)) or not all(isinstance(t, str) for t in v):

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.data.edf import ANNOTATIONS, read_edf_header
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import Int, check_fields, check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ class EegConfig:
         if self.high_hz >= self.sfreq / 2:
             raise ValueError(f"high_hz must be below the Nyquist frequency sfreq / 2 = {self.sfreq / 2:g} Hz, "
                              f"got {self.high_hz:g}")
-        check_int(self.filter_order, "filter_order", minimum=1)
-        check_int(self.window, "window", minimum=1)
-        check_int(self.held_out_every, "held_out_every", minimum=2)
+        check_fields(self, {("filter_order", "window"): Int(1), "held_out_every": Int(2)})
         if self.channels is not None and (isinstance(self.channels, str) or not self.channels
                                           or not all(isinstance(c, str) for c in self.channels)):
             raise TypeError(f"channels must be None or a non-empty tuple of channel labels, got {self.channels!r}")

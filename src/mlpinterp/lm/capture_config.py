@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlpinterp.utils.validation import check_bool, check_int, check_real
+from mlpinterp.utils.validation import Bool, Int, Real, check_fields
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,8 @@ class CaptureConfig:
     """Seed of the passage split, the passage order and the kept subsample."""
 
     def __post_init__(self) -> None:
-        for name in ("ctx_len", "seq_batch", "max_tokens", "passage_chunks", "keep_fit"):
-            check_int(getattr(self, name), name, minimum=1)
-        check_real(self.heldout_fraction, "heldout_fraction", 0.0, 1.0, lo_open=True)
+        check_fields(self, {("ctx_len", "seq_batch", "max_tokens", "passage_chunks", "keep_fit"): Int(1),
+                            "heldout_fraction": Real(0.0, 1.0, lo_open=True), "exclude_special": Bool("True or False"),
+                            "seed": Int(0)})
         if self.heldout_fraction >= 1.0:
             raise ValueError(f"heldout_fraction must be < 1 (something must be left to fit), got {self.heldout_fraction}")
-        check_bool(self.exclude_special, "exclude_special")
-        check_int(self.seed, "seed", minimum=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import Int, Real, check_fields
 
 #: LmTrainConfig fields added after the first version that wrote train-lm checkpoints (f0653d2), with the behaviour
 #: before each: a checkpoint written before a field existed resumes when the request keeps that behaviour
@@ -64,24 +64,17 @@ class LmTrainConfig:
     """Steps between atomic checkpoints (the run resumes from the newest)."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_positions", "steps", "batch_size",
-                     "tokenizer_min_frequency", "checkpoint_every", "eval_progress_chunks"):
-            check_int(getattr(self, name), name, minimum=1)
-        for name in ("warmup_steps", "seed", "eval_every", "eval_chunks"):
-            check_int(getattr(self, name), name, minimum=0)
+        check_fields(self, {("vocab_size", "n_layer", "d_model", "n_head", "n_positions", "steps", "batch_size",
+                             "tokenizer_min_frequency", "checkpoint_every", "eval_progress_chunks"): Int(1),
+                            ("warmup_steps", "seed", "eval_every", "eval_chunks"): Int(0),
+                            "lr": Real(0, lo_open=True), "min_lr_fraction": Real(0, 1),
+                            "dropout": Real(0, 1, hi_open=True), ("weight_decay", "grad_clip"): Real(0)})
         if self.vocab_size < 257:
             raise ValueError(f"vocab_size must be >= 257 (256 byte tokens and <|endoftext|>), got {self.vocab_size}")
         if self.n_positions < 2:
             raise ValueError(f"n_positions must be >= 2 (a next-token target needs two tokens), got {self.n_positions}")
         if self.d_model % self.n_head:
             raise ValueError(f"n_head must divide d_model, got d_model={self.d_model}, n_head={self.n_head}")
-        check_real(self.lr, "lr", lo=0, lo_open=True)
-        check_real(self.min_lr_fraction, "min_lr_fraction", lo=0, hi=1)
-        check_real(self.dropout, "dropout", lo=0, hi=1)
-        if self.dropout >= 1:
-            raise ValueError(f"dropout must be < 1, got {self.dropout}")
-        check_real(self.weight_decay, "weight_decay", lo=0)
-        check_real(self.grad_clip, "grad_clip", lo=0)
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict of all fields."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
+
+from mlpinterp.utils.validation import Int, OneOf, Real, check_fields
 
 ARCHS: tuple[str, ...] = ("mlp", "glu")
 """Supported architectures."""
@@ -56,26 +57,14 @@ class ClassifierConfig:
     """Seed of the initialisation and of the batch order."""
 
     def __post_init__(self) -> None:
-        for name in ("d_in", "n_classes", "d_hidden", "batch_size", "steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.n_classes < 2:
-            raise ValueError(f"n_classes must be >= 2, got {self.n_classes}")
-        for name in ("warmup_steps", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
-        for name in ("lr", "weight_decay"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite float >= 0, got {v!r}")
+        check_fields(self, {("d_in", "n_classes", "d_hidden", "batch_size", "steps"): Int(1, what="a positive int"),
+                            ("warmup_steps", "seed"): Int(0, what="a non-negative int"),
+                            "arch": OneOf(list(ARCHS)), "activation": OneOf(list(ACTIVATION_NAMES)),
+                            ("lr", "weight_decay"): Real(0.0, what="a finite float >= 0")})
         if self.lr == 0:
             raise ValueError("lr must be > 0, got 0")
+        if self.n_classes < 2:
+            raise ValueError(f"n_classes must be >= 2, got {self.n_classes}")
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict of all fields."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import Int, Real, check_fields
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,5 @@ class HybridConfig:
     """Seed of the batches."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every"):
-            check_int(getattr(self, name), name, minimum=1)
-        check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        check_real(self.lr, "lr", 0.0, lo_open=True)
-        check_int(self.seed, "seed", minimum=0)
+        check_fields(self, {("steps", "batch_size", "eval_every"): Int(1), "warmup_steps": Int(0),
+                            "lr": Real(0.0, lo_open=True), "seed": Int(0)})

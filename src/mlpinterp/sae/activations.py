@@ -21,6 +21,7 @@ from mlpinterp.lm.hooks import hook_activations, resolve_hook_point
 from mlpinterp.lm.text import read_texts, token_chunks
 from mlpinterp.utils.artifact import load_artifact, load_json_artifact, save_artifact, save_json_artifact
 from mlpinterp.utils.seeding import torch_generator
+from mlpinterp.utils.validation import Bool, Int, check_fields
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,9 @@ class ActivationConfig:
     def __post_init__(self) -> None:
         if not (0 <= self.rank < self.world):
             raise ValueError(f"rank must be in [0, world={self.world}), got {self.rank}")
-        for name in ("ctx_len", "seq_batch", "batch_size", "buffer_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self, {("ctx_len", "seq_batch", "batch_size", "buffer_size"): Int(1),
+                            "max_chunks": Int(1, what="a positive int or None", optional=True),
+                            "exclude_special": Bool(), "seed": Int(0)})
 
 
 class ActivationSource:

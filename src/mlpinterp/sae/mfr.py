@@ -58,8 +58,8 @@ from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.schedules import cosine_half_rise
-from mlpinterp.utils.seeding import torch_generator
-from mlpinterp.utils.validation import config_diff
+from mlpinterp.utils.seeding import splitmix_seed
+from mlpinterp.utils.validation import Int, OneOf, check_fields, config_diff
 
 CHECKPOINT_KIND = "mfr_checkpoint"
 """Artifact kind of the trainer state ``trainer_rank{r}.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
@@ -252,27 +252,14 @@ class MfrConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.sae, SaeConfig):
             raise TypeError(f"sae must be a SaeConfig, got {type(self.sae).__name__}")
-        if isinstance(self.n_saes, bool) or not isinstance(self.n_saes, int) or self.n_saes < 1:
-            raise ValueError(f"n_saes must be a positive int, got {self.n_saes!r}")
+        check_fields(self, {("n_saes", "norm_batches"): Int(1, what="a positive int"),
+                            "loss": OneOf(("fvu", "mse"), either=True), "inactivity_measure": OneOf(sorted(INACTIVITY_MEASURES)),
+                            "matching": OneOf(("hungarian", "max"), either=True), ("inactivity_window", "rematch_every"): Int(1),
+                            "normalize_activations": OneOf(("none", "expected_average_only_in"), either=True)})
         if self.penalty and self.n_saes < 2:
             raise ValueError(f"penalty=True needs n_saes >= 2, got n_saes={self.n_saes}")
-        if self.loss not in ("fvu", "mse"):
-            raise ValueError(f"loss must be 'fvu' or 'mse', got {self.loss!r}")
-        if self.inactivity_measure not in INACTIVITY_MEASURES:
-            raise ValueError(f"inactivity_measure must be one of {sorted(INACTIVITY_MEASURES)}, "
-                             f"got {self.inactivity_measure!r}")
-        if self.matching not in ("hungarian", "max"):
-            raise ValueError(f"matching must be 'hungarian' or 'max', got {self.matching!r}")
-        for name in ("inactivity_window", "rematch_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.alpha is not None and not (self.alpha >= 0):
             raise ValueError(f"alpha must be >= 0 or None, got {self.alpha!r}")
-        if self.normalize_activations not in ("none", "expected_average_only_in"):
-            raise ValueError(f"normalize_activations must be 'none' or 'expected_average_only_in', "
-                             f"got {self.normalize_activations!r}")
-        if isinstance(self.norm_batches, bool) or not isinstance(self.norm_batches, int) or self.norm_batches < 1:
-            raise ValueError(f"norm_batches must be a positive int, got {self.norm_batches!r}")
 
 
 @dataclass(frozen=True)
@@ -400,7 +387,7 @@ class MfrTrainer:
 
     # -------------------------------------------------------------- construction helpers
     def _new_sae(self, i: int) -> TopKSae:
-        g = torch_generator(self.cfg.seed, "sae-init", i, self.n_reinits[i])
+        g = torch.Generator().manual_seed(splitmix_seed(self.cfg.seed, 1000 * i + self.n_reinits[i]))
         return TopKSae(self.d_in, self.cfg.sae, generator=g, dtype=self.dtype, model_name=self.model_name,
                        hook_point=self.hook_point, input_scale=self.input_scale or 1.0).to(self.device)
 
@@ -434,7 +421,7 @@ class MfrTrainer:
         """Re-initialise owned SAE ``local`` (index into ``saes``) in place, with a fresh optimiser."""
         i = self.owned[local]
         self.n_reinits[i] += 1
-        g = torch_generator(self.cfg.seed, "sae-init", i, self.n_reinits[i])
+        g = torch.Generator().manual_seed(splitmix_seed(self.cfg.seed, 1000 * i + self.n_reinits[i]))
         self.saes[local].reset_parameters(g)
         self.opts[local] = self._new_opt(self.saes[local])
         self.since_fired[local].zero_()

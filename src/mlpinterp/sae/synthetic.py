@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from mlpinterp.utils.seeding import torch_generator
+from mlpinterp.utils.validation import Int, check_fields
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,7 @@ class SyntheticConfig:
     """Seed of the features and of the data stream."""
 
     def __post_init__(self) -> None:
-        for name in ("n_features", "d", "n_groups", "k_active"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_fields(self, {("n_features", "d", "n_groups", "k_active"): Int(1, what="a positive int")})
         if self.n_groups > self.n_features:
             raise ValueError(f"n_groups must be <= n_features, got {self.n_groups} > {self.n_features}")
         smallest = self.n_features // self.n_groups

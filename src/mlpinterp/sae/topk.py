@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mlpinterp.utils.validation import Bool, Int, check_fields
+
 
 @dataclass(frozen=True)
 class SaeConfig:
@@ -60,17 +62,11 @@ class SaeConfig:
     """Latents used by the AuxK loss; ``None`` means ``d_in // 2`` (Gao et al. 2024)."""
 
     def __post_init__(self) -> None:
-        for name in ("d_sae", "k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_fields(self, {("d_sae", "k"): Int(1, what="a positive int"),
+                            "k_aux": Int(1, what="a positive int or None", optional=True),
+                            ("tied", "pre_bias", "normalize_decoder"): Bool()})
         if self.k > self.d_sae:
             raise ValueError(f"k must be <= d_sae, got k={self.k} > d_sae={self.d_sae}")
-        if self.k_aux is not None and (isinstance(self.k_aux, bool) or not isinstance(self.k_aux, int) or self.k_aux < 1):
-            raise ValueError(f"k_aux must be a positive int or None, got {self.k_aux!r}")
-        for name in ("tied", "pre_bias", "normalize_decoder"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
 
 
 class ForwardOutput(NamedTuple):

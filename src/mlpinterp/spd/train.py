@@ -46,7 +46,17 @@ from mlpinterp.utils.checkpoint import (
 )
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.schedules import cosine_half, cosine_quarter
-from mlpinterp.utils.validation import check_batch_tensor, check_int, check_real, nonfinite_names
+from mlpinterp.utils.validation import (
+    Bool,
+    Int,
+    OneOf,
+    Real,
+    check_batch_tensor,
+    check_fields,
+    check_int,
+    check_real,
+    nonfinite_names,
+)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LAYERWISE_MASKS = ("shared", "fresh")
@@ -130,30 +140,16 @@ class SPDConfig:
     """Write a checkpoint every this many steps when out_dir is given."""
 
     def __post_init__(self) -> None:
-        for name in ("C", "d_gate", "steps", "batch_size", "n_mask_samples", "log_every", "checkpoint_every"):
-            check_int(getattr(self, name), name)
-        check_int(self.seed, "seed", minimum=None)
-        check_real(self.lr, "lr", 0.0, lo_open=True)
-        check_int(self.faithfulness_warmup_steps, "faithfulness_warmup_steps", minimum=0)
-        check_real(self.faithfulness_warmup_lr, "faithfulness_warmup_lr", 0.0, lo_open=True)
-        check_real(self.faithfulness_warmup_weight_decay, "faithfulness_warmup_weight_decay", 0.0)
+        check_fields(self, {
+            ("C", "d_gate", "steps", "batch_size", "n_mask_samples", "log_every", "checkpoint_every"): Int(1),
+            "seed": Int(None), "lr": Real(0.0, lo_open=True), "faithfulness_warmup_steps": Int(0),
+            "faithfulness_warmup_lr": Real(0.0, lo_open=True), "faithfulness_warmup_weight_decay": Real(0.0),
+            ("faithfulness_coeff", "stochastic_recon_coeff", "layerwise_recon_coeff",
+             "importance_minimality_coeff"): Real(0.0),
+            "lr_schedule": OneOf(LR_SCHEDULES), "layerwise_masks": OneOf(LAYERWISE_MASKS),
+            "output_loss": OneOf(("mse", "kl"), either=True), ("compile", "delta_component"): Bool(), "init": OneOf(SPD_INITS),
+            "dtype": OneOf(sorted(DTYPES))})
         check_real(self.pnorm, "pnorm (importance-minimality exponent p)", 0.0, lo_open=True)
-        for name in ("faithfulness_coeff", "stochastic_recon_coeff", "layerwise_recon_coeff",
-                     "importance_minimality_coeff"):
-            check_real(getattr(self, name), name, 0.0)
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.layerwise_masks not in LAYERWISE_MASKS:
-            raise ValueError(f"layerwise_masks must be one of {LAYERWISE_MASKS}, got {self.layerwise_masks!r}")
-        if self.output_loss not in ("mse", "kl"):
-            raise ValueError(f"output_loss must be 'mse' or 'kl', got {self.output_loss!r}")
-        for name in ("compile", "delta_component"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.init not in SPD_INITS:
-            raise ValueError(f"init must be one of {SPD_INITS}, got {self.init!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         t = self.targets
         if isinstance(t, str) or not isinstance(t, (tuple, list)) or not t or not all(isinstance(v, str) for v in t):
             raise TypeError(f"targets must be a non-empty tuple of module/parameter names (str), got {t!r}")

@@ -21,7 +21,7 @@ from torch import nn
 from mlpinterp.toys.data import sparse_features, step_generator
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.schedules import cosine_half, cosine_quarter
-from mlpinterp.utils.validation import check_int, check_real
+from mlpinterp.utils.validation import Bool, Int, OneOf, Real, check_fields, check_int
 
 
 class MLPBlock(nn.Module):
@@ -163,16 +163,10 @@ class ResidMLPConfig:
     """Seed for the embedding, the initialisation and the data."""
 
     def __post_init__(self) -> None:
-        for name in ("n_features", "d_embed", "d_mlp", "n_layers", "steps", "batch_size"):
-            check_int(getattr(self, name), name)
-        check_int(self.seed, "seed", minimum=None)
-        check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
-        check_real(self.lr, "lr", 0.0, lo_open=True)
-        check_real(self.weight_decay, "weight_decay", 0.0)
-        if self.lr_schedule not in RESID_LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {RESID_LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if not isinstance(self.bias, bool):
-            raise TypeError(f"bias must be a bool, got {self.bias!r}")
+        check_fields(self, {("n_features", "d_embed", "d_mlp", "n_layers", "steps", "batch_size"): Int(1),
+                            "seed": Int(None), "feature_probability": Real(0.0, 1.0, lo_open=True),
+                            "lr": Real(0.0, lo_open=True), "weight_decay": Real(0.0),
+                            "lr_schedule": OneOf(RESID_LR_SCHEDULES), "bias": Bool()})
 
 
 #: ResidMLPConfig fields added after targets were first saved with their configuration, with the behaviour before

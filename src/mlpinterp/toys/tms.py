@@ -20,7 +20,7 @@ from torch import nn
 from mlpinterp.toys.data import sparse_features, step_generator
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.schedules import linear_decay
-from mlpinterp.utils.validation import check_bool, check_int, check_real
+from mlpinterp.utils.validation import Int, OneOf, Real, check_bool, check_fields, check_int
 
 
 class TMS(nn.Module):
@@ -165,14 +165,10 @@ class TMSConfig:
     """Seed for initialisation and data."""
 
     def __post_init__(self) -> None:
-        for name in ("n_features", "d_hidden", "steps", "batch_size", "n_instances"):
-            check_int(getattr(self, name), name)
-        check_int(self.seed, "seed", minimum=None)
-        check_real(self.feature_probability, "feature_probability", 0.0, 1.0, lo_open=True)
-        check_real(self.lr, "lr", 0.0, lo_open=True)
-        check_real(self.weight_decay, "weight_decay", 0.0)
-        if self.lr_schedule not in ("constant", "linear"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'linear', got {self.lr_schedule!r}")
+        check_fields(self, {("n_features", "d_hidden", "steps", "batch_size", "n_instances"): Int(1),
+                            "seed": Int(None), "feature_probability": Real(0.0, 1.0, lo_open=True),
+                            "lr": Real(0.0, lo_open=True), "weight_decay": Real(0.0),
+                            "lr_schedule": OneOf(("constant", "linear"), either=True)})
 
 
 TMS_PRESETS: dict[str, TMSConfig] = {

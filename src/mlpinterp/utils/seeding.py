@@ -53,3 +53,15 @@ def torch_generator(seed: int, *keys: int | str, device=None):
 
     g = torch.Generator() if device is None else torch.Generator(device=device)
     return g.manual_seed(child_seed(seed, *keys))
+
+
+def splitmix_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for stream ``index`` of ``seed`` by SplitMix64 mixing (Steele, Lea & Flood 2014).
+
+    The initialisation (and re-initialisation) of the SAEs of an MFR ensemble keeps this older scheme: its tests
+    judge training progress over a few steps from these exact initial weights, so new draws would change what
+    they measure. Every other stream uses :func:`torch_generator` / :func:`numpy_rng`."""
+    z = (int(seed) * 0x9E3779B97F4A7C15 + int(index) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % (1 << 64)
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)

@@ -378,3 +378,104 @@ def check_token_ids(input_ids, name: str = "input_ids", model=None, attention_ma
         if attention_mask.is_complex() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     return input_ids, attention_mask
+
+
+# ----------------------------------------------------------------------------- configuration fields
+class Int:
+    """Rule of :func:`check_fields`: an int (not a bool; numpy integers accepted) ``>= minimum`` (any int when
+    ``minimum`` is None), or None with ``optional``. Messages as :func:`check_int`'s: ``TypeError`` "``name`` must
+    be an int, got float 2.0", ``ValueError`` "``name`` must be >= 1, got 0" (``range_what`` words the latter
+    instead, e.g. ``"positive (an int >= 1)"``). With ``what`` (e.g. ``"a positive int"``) every refusal is one
+    ``ValueError`` "``name`` must be ``what``, got ``v!r``"."""
+
+    def __init__(self, minimum: int | None = 1, *, what: str | None = None, range_what: str | None = None,
+                 optional: bool = False):
+        self.minimum, self.what, self.range_what, self.optional = minimum, what, range_what, optional
+
+    def __call__(self, v, name: str):
+        if v is None and self.optional:
+            return
+        not_int = isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))
+        if self.what is not None:
+            if not_int or (self.minimum is not None and v < self.minimum):
+                raise ValueError(f"{name} must be {self.what}, got {v!r}")
+        elif self.range_what is not None and not not_int and self.minimum is not None and v < self.minimum:
+            raise ValueError(f"{name} must be {self.range_what}, got {v}")
+        else:
+            check_int(v, name, minimum=self.minimum)
+
+
+class Real:
+    """Rule of :func:`check_fields`: a finite real number (not a bool) in ``[lo, hi]`` (``(lo, ...`` with
+    ``lo_open``; ``..., hi)`` with ``hi_open``). Messages as :func:`check_real`'s (``TypeError`` "``name`` must be a
+    real number, got str '1'", ``ValueError`` "``name`` must be finite and > 0, got -1.0"); ``range_what`` words
+    the refusals of a finite value instead ("lr must be > 0, got -1.0") and a non-finite one reads "must be
+    finite"; with ``what`` every refusal is one ``ValueError`` "``name`` must be ``what``, got ``v!r``"."""
+
+    def __init__(self, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                 hi_open: bool = False, what: str | None = None, range_what: str | None = None):
+        self.lo, self.hi, self.lo_open, self.hi_open = lo, hi, lo_open, hi_open
+        self.what, self.range_what = what, range_what
+
+    def _outside(self, v) -> bool:
+        lo, hi = self.lo, self.hi
+        return ((lo is not None and (v <= lo if self.lo_open else v < lo))
+                or (hi is not None and (v >= hi if self.hi_open else v > hi)))
+
+    def __call__(self, v, name: str):
+        not_real = isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating))
+        if self.what is not None:
+            if not_real or not math.isfinite(v) or self._outside(v):
+                raise ValueError(f"{name} must be {self.what}, got {v!r}")
+            return
+        if self.range_what is not None and not not_real:
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {v}")
+            if self._outside(v):
+                raise ValueError(f"{name} must be {self.range_what}, got {v}")
+            return
+        check_real(v, name, self.lo, self.hi, lo_open=self.lo_open)
+        if self.hi_open and v >= self.hi:
+            raise ValueError(f"{name} must be < {self.hi:g}, got {v}")
+
+
+class Bool:
+    """Rule of :func:`check_fields`: ``True`` or ``False`` (numpy bools accepted): ``TypeError`` "``name`` must be
+    ``what``, got ``type v!r``" (a string or an int would be silently truthy)."""
+
+    def __init__(self, what: str = "a bool"):
+        self.what = what
+
+    def __call__(self, v, name: str):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name} must be {self.what}, got {type(v).__name__} {v!r}")
+
+
+class OneOf:
+    """Rule of :func:`check_fields`: one of ``choices`` (a tuple or list, printed as given): ``ValueError``
+    "``name`` must be one of ('a', 'b', 'c'), got 'd'"; with ``either`` (two choices) "must be 'a' or 'b'"."""
+
+    def __init__(self, choices, *, either: bool = False):
+        if either and len(choices) != 2:
+            raise ValueError(f"either=True needs two choices, got {choices!r}")
+        self.choices, self.either = choices, either
+
+    def __call__(self, v, name: str):
+        try:
+            ok = v in self.choices
+        except TypeError:  # an unhashable value
+            ok = False
+        if not ok:
+            want = f"{self.choices[0]!r} or {self.choices[1]!r}" if self.either else f"one of {self.choices}"
+            raise ValueError(f"{name} must be {want}, got {v!r}")
+
+
+def check_fields(obj, rules: Mapping) -> None:
+    """Check the fields of a configuration ``obj`` against declared ``rules``: ``{field or tuple of fields: rule}``
+    with the rules :class:`Int`, :class:`Real`, :class:`Bool`, :class:`OneOf` (or any callable ``rule(value,
+    name)`` that raises). The one mechanism every configuration dataclass's ``__post_init__`` uses for its
+    per-field checks, in the order declared; checks across fields follow it in the ``__post_init__``. Each
+    message names the field and what was expected."""
+    for names, rule in rules.items():
+        for name in (names,) if isinstance(names, str) else names:
+            rule(getattr(obj, name), name)
