@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mlpinterp.utils.malloc import enable_transparent_huge_pages
 
-enable_transparent_huge_pages()  # before torch's first allocation (mlpinterp.utils.malloc; measured hot path)
+enable_transparent_huge_pages()  # before torch's first allocation (mlpinterp.utils.malloc)
 
 import typer  # noqa: E402
 

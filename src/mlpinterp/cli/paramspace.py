@@ -51,7 +51,7 @@ FidelityOpt = Annotated[Fidelity | None, typer.Option(
                        "min(d_in, d_hidden) + 1, small 4-D Xavier init, no weight decay, cos(π/2 t/(T-1)) after "
                        "warm-up, target trained at lr 5e-3 with linear decay) and for the residual-MLP targets (MLPs "
                        "without biases, 1k steps at batch 2048, lr 3e-3, cos(π/2 t/(T-1)); 10k steps for 3 layers). "
-                       "Default: the better one measured, reference for tms-40-10, ours elsewhere (docs/apd.md).",
+                       "Default: the better one measured, reference for tms-40-10, ours elsewhere (docs/guides/apd.md).",
     show_default=False)]
 
 

@@ -119,7 +119,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
 
         if data is None:
             fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
-                 "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/sae.md, EEG)")
+                 "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/guides/sae.md, EEG)")
         eeg = EegConfig(channels=tuple(c.strip() for c in channels.split(",") if c.strip()) or None,
                         **({"window": window} if window else {}))
         exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)

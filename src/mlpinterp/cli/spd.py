@@ -46,10 +46,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             None, "--importance-minimality-coeff", min=0.0,
             help="Override the preset's beta_min, the coefficient of the importance-minimality loss (>= 0): the "
                  "knob of the SPD paper's Fig. 8 (resid-MLP-1's W_out merges into one co-active group only at a "
-                 "small enough beta; docs/spd.md). The run is then a custom run, not a reproduction."),
+                 "small enough beta; docs/guides/spd.md). The run is then a custom run, not a reproduction."),
         compile: bool = typer.Option(True, "--compile/--no-compile",
-                                     help="torch.compile the causal-importance MLPs (the step's hot path: 1.85x per "
-                                          "TMS 5-2 step, 3.2x per TMS 40-10 step on the CPU; needs a C++ compiler "
+                                     help="torch.compile the causal-importance MLPs (the step's hot path: faster "
+                                          "steps on the CPU, docs/measurements.md; needs a C++ compiler "
                                           "on the CPU). A run resumes only with the same choice."),
         recipe: Recipe = typer.Option(
             Recipe.paper, "--recipe",

@@ -106,8 +106,7 @@ QUICK: dict[str, dict] = {
 #: TMS the APD method and its target recipe, for the residual MLPs the target recipe only, :data:`REFERENCE_TARGET`).
 FIDELITIES = ("ours", "reference")
 
-#: The fidelity a setting runs at when none is given: the better one measured at the paper preset (issue 10, item 5;
-#: docs/apd.md). TMS 40-10: ``reference`` (MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 against ``ours`` 0.968 ± 0.009 /
+#: The fidelity a setting runs at when none is given: the better one measured at the paper preset (docs/guides/apd.md). TMS 40-10: ``reference`` (MMCS 0.989 ± 0.007, ML2R 0.914 ± 0.022 against ``ours`` 0.968 ± 0.009 /
 #: 0.882 ± 0.026, n = 3 each); TMS 5-2: ``ours`` (0.9983 / 0.8947, n = 10, the paper's row reproduced; ``reference``
 #: not run at the paper preset); every other setting has only ``ours``.
 DEFAULT_FIDELITY = {"tms-40-10": "reference"}

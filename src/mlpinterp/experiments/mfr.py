@@ -120,7 +120,7 @@ class SyntheticExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> SyntheticExperiment:
-        """Small budget (about 15 s per run on a free CPU core): 500 steps of 512 samples."""
+        """Small budget: 500 steps of 512 samples."""
         return cls(**{"steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
 
 

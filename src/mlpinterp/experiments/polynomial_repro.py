@@ -136,7 +136,7 @@ def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: di
                     final_approx = approx
                     for name, p in approx.items():
                         p.save(ap_dir / name, provenance={"step": step, "checkpoint": artifact_digest(path)})
-                # memory (issue 12): this checkpoint's other approximants (quadratic_gaussian: 49 MB on MNIST) are not
+                # memory: this checkpoint's other approximants (quadratic_gaussian: 49 MB on MNIST) are not
                 # kept through the next checkpoint's solve (``warm`` and ``final_approx`` keep what is used)
                 del approx
                 atomic_write_json(f, res)

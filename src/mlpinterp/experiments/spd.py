@@ -51,7 +51,7 @@ from mlpinterp.utils.validation import check_bool, check_device, check_instance,
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
 
 FAILED_MMCS = 0.99
-"""A seed whose MMCS is below this counts as failed (issue 10; the reference's own seed sweep uses it)."""
+"""A seed whose MMCS is below this counts as failed (the reference's own seed sweep uses it)."""
 
 #: SPD paper, Table 1 (one run each; the ± is the spread over the target's features).
 PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
@@ -59,7 +59,7 @@ PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
          "tms-5-2-id": {"mmcs": (1.000, 0.000), "ml2r": (0.992, 0.010)},
          "tms-40-10-id": {"mmcs": (1.000, 0.000), "ml2r": (1.031, 0.001)}}
 
-#: Our APD numbers on the same targets (docs/apd.md, measured on this project's CPU), and the APD paper's.
+#: Our APD numbers on the same targets (docs/guides/apd.md, measured on this project's CPU), and the APD paper's.
 APD_OURS = {"tms-5-2": "MMCS 0.9983 ± 0.0004, ML2R 0.8947 ± 0.0044 (n = 10, paper preset; 0 of 10 failed)",
             "tms-40-10": "--fidelity ours (the targets SPD uses): MMCS 0.968 ± 0.009, ML2R 0.882 ± 0.026 (n = 3, paper "
                          "preset; not reproduced); --fidelity reference (APD's default for this setting, its own "
@@ -72,7 +72,7 @@ APD_PAPER = {"tms-5-2": "MMCS 0.998 ± 0.000, ML2R 0.893 ± 0.004", "tms-40-10":
 
 # TMS as the SPD reference decomposes it: linear2's subcomponents are linear1's transposed (tied), each site with its
 # own causal importances, and the reference's initialisation of the paper's time (each subcomponent the target's
-# projection on random unit directions); both measured in docs/spd.md
+# projection on random unit directions); both measured in docs/guides/spd.md
 _TMS = dict(C=20, d_gate=16, steps=40_000, batch_size=4096, lr=1e-3, lr_schedule="cosine",
             importance_minimality_coeff=3e-3, pnorm=1.0, log_every=500, checkpoint_every=2000, compile=True,
             tied=(("linear1", "linear2"),), init="paper-era")
@@ -80,7 +80,7 @@ _TMS40 = dict(_TMS, C=200, importance_minimality_coeff=1e-4, pnorm=2.0, checkpoi
 _RESID = dict(d_gate=16, batch_size=2048, lr_schedule="constant", pnorm=2.0, log_every=500, checkpoint_every=500,
               compile=True)
 
-#: Paper presets (SPD paper, appendix; issue 10).
+#: Paper presets (SPD paper, appendix).
 PRESETS: dict[str, SPDConfig] = {
     "tms-5-2": SPDConfig(targets=("linear1", "linear2"), **_TMS),
     "tms-40-10": SPDConfig(targets=("linear1", "linear2"), **_TMS40),
@@ -102,12 +102,11 @@ QUICK: dict[str, dict] = {
     "tms-40-10": dict(steps=2000, batch_size=512, log_every=100),
     "tms-5-2-id": dict(steps=5000, batch_size=1024, lr=1e-2, log_every=250),
     "tms-40-10-id": dict(steps=2000, batch_size=512, log_every=100),
-    # 20k steps at batch 256: 562 s at load 0.5-2.2 (1 thread), W_in 96 of 100 features with exactly one subcomponent
-    # (5k steps: 42 of 100, 150 s); W_out 86 used, not one co-active group (docs/spd.md)
-    # tried and not better (docs/spd.md): V ~ N(0, 1/d_out) (45 of 100 at 10k steps), batch 1024 x 6k steps (64 of
+    # 20k steps at batch 256: the shortest budget at which W_in splits into one subcomponent per feature (docs/guides/spd.md)
+    # tried and not better (docs/guides/spd.md): V ~ N(0, 1/d_out) (45 of 100 at 10k steps), batch 1024 x 6k steps (64 of
     # 100) and init="paper-era" (the reference's target projections: 96 of 100, W_out co-activity 0.30 against 0.32)
     "resid-mlp-1": dict(steps=20_000, batch_size=256, log_every=1000),
-    # measured 0.49 s/step at batch 256 and 1.2 s/step at batch 128 (C = 500, d_gate 128) at load 10: pipeline checks
+    # pipeline checks, not reproductions (C = 500, d_gate 128 make each step slow on the CPU: docs/guides/spd.md)
     "resid-mlp-2": dict(steps=2000, batch_size=128, log_every=100),
     "resid-mlp-3": dict(steps=500, batch_size=64, log_every=50),
 }
@@ -141,12 +140,11 @@ _COACTIVE = 0.25
 """W_out counts as one co-active group (not split per feature) when its used subcomponents are important, on
 average, for this share of the one-hot inputs or more. The paper's text says they "always co-activate"; its Fig. 8
 (beta = 1e-5, "BEST"), read off the figure cell by cell, has 50 used subcomponents each important for 42-72 % of the
-features (mean 0.51), none for all; a per-feature split (its beta too high) is near 1 / n_features. Until
-2026-12-04 this bar was 0.9 (a literal reading of "always")."""
+features (mean 0.51), none for all; a per-feature split (its beta too high) is near 1 / n_features."""
 
 
 def resid_goal(m: dict, n_features: int) -> bool:
-    """Issue 10's residual-MLP goal on one seed's metrics ``m`` (from :func:`evaluate`): on every W_in site each of
+    """The residual-MLP reproduction goal on one seed's metrics ``m`` (from :func:`evaluate`): on every W_in site each of
     the ``n_features`` features has exactly one important subcomponent, the owners are distinct and important for
     their feature alone; the W_out sites together use ``d_mlp`` (± ``_DMLP_BAND``) subcomponents with co-activity
     ``>= _COACTIVE`` each (one group, as the paper's Fig. 8); anti-scrubbed MSE ``>= 3`` × scrubbed MSE."""
@@ -186,8 +184,8 @@ def target_fidelity(name: str) -> str:
     """The APD target recipe (``fidelity``) whose targets are the SPD reference's for setting ``name``: ``"ours"``
     for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
     linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
-    :data:`mlpinterp.experiments.apd.REFERENCE_TARGET`; until 2026-12-04 SPD decomposed the biased targets of
-    ``"ours"``, on which resid-MLP-1's ``W_out`` splits, docs/spd.md). Raises ``ValueError`` for an unknown
+    :data:`mlpinterp.experiments.apd.REFERENCE_TARGET`; on the biased targets of ``"ours"`` resid-MLP-1's ``W_out``
+    splits, docs/guides/spd.md). Raises ``ValueError`` for an unknown
     setting (it would otherwise get ``"reference"``)."""
     if name not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
@@ -304,7 +302,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
     MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
     ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
-    :func:`target_fidelity`; ``"ours"`` reproduces our residual-MLP runs of before 2026-12-04, with biases).
+    :func:`target_fidelity`; ``"ours"``: our residual-MLP targets, with biases).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable
     device, an ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target
@@ -526,7 +524,7 @@ def render_report(result: dict) -> str:
         lines += ["## Result", "", rep.md_table(
             ["metric", f"SPD ours: mean ± std over seeds (n = {mm.n})",
              f"SPD ours, the paper's way (seed {ps['seed']}, best of {ps['of_seeds']}; ± over {ps['n_features']} "
-             "features)", "SPD paper (one run; ± over features)", "APD ours (docs/apd.md)", "APD paper"], rows), "",
+             "features)", "SPD paper (one run; ± over features)", "APD ours (docs/guides/apd.md)", "APD paper"], rows), "",
             f"Failed seeds (MMCS < {FAILED_MMCS}): **{result['failed_seeds']} of {n}**.", "",
             f"Verdict: {v}", ""]
         head = ["seed", "MMCS", "ML2R", "MMCS / ML2R over alive subcomponents", "distinct matches", "MMCS linear2",
@@ -571,7 +569,7 @@ def render_report(result: dict) -> str:
                         f"alone; W_out: {1 - _DMLP_BAND:.0%}-{1 + _DMLP_BAND:.0%} of d_mlp subcomponents used, "
                         f"co-activity ≥ {_COACTIVE}; anti-scrubbed ≥ 3 × scrubbed MSE)", run=kind)
         lines += ["## Result", "", rep.md_table(head, body), "", f"Verdict: {v}", "",
-                  f"APD ours on this setting (docs/apd.md): {APD_OURS.get(setting, '—')}.", "",
+                  f"APD ours on this setting (docs/guides/apd.md): {APD_OURS.get(setting, '—')}.", "",
                   f"Causal importances per feature are measured on one-hot inputs x_i = {ONE_HOT_VALUE} (the SPD "
                   f"paper's), a subcomponent counting as important above {ALIVE_THRESHOLD}. Identity- and "
                   "dense-pattern errors are the reference implementation's target-pattern distances (0 = the "

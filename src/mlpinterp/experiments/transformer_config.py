@@ -9,12 +9,12 @@ from mlpinterp.poly.finetune_config import HybridConfig
 from mlpinterp.utils.validation import check_int
 
 INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")
-#: TransformerExperiment fields added after the first version that wrote a run's config.json (c54dde4), with the
-#: behaviour before each: a run directory written before a field existed resumes when the request keeps that
-#: behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). ``saes`` (bc8adbb): no SAE alignment.
-#: ``mixture_samples`` and ``mc_samples`` were removed in 6142dfc (mixture FVUs exact instead of sampled), so a
-#: directory written before that still differs from every request. CaptureConfig and HybridConfig have gained no
-#: field. Add a field here when it is added to TransformerExperiment.
+#: TransformerExperiment fields added after the first version that wrote a run's config.json, with the behaviour
+#: of a run without each: a run directory written before a field existed resumes when the request keeps that
+#: behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). ``saes``: no SAE alignment. A
+#: directory that records the removed fields ``mixture_samples`` and ``mc_samples`` (sampled mixture FVUs, exact
+#: now) differs from every request. CaptureConfig and HybridConfig have gained no field. Add a field here when it
+#: is added to TransformerExperiment.
 ADDED_FIELDS = {"saes": ()}
 
 

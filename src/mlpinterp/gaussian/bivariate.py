@@ -23,9 +23,9 @@ Method, per entry:
    = gauss_ev(phi, mu2 + sigma2 rho z, sigma2 sqrt(1 - rho^2)), by composite Gauss-Legendre in z split at
    the kinks of phi, graded around z1 = -mu1/sigma1 (width 1/sigma1) and z2 = -mu2/(sigma2 rho)
    (width sqrt(1 - rho^2)/|rho|), at two resolutions whose difference is the error estimate. g is a
-   closed form for identity / relu / leaky_relu / gelu (about 1 ms per entry), a 48-node Gauss-Hermite
+   closed form for identity / relu / leaky_relu / gelu (cheap), a 48-node Gauss-Hermite
    rule for smooth activations when sigma2 sqrt(1 - rho^2) <= 0.25, and otherwise itself a full
-   univariate quadrature (about 0.1 s per entry: fine for the diagonal and a few thousand strongly
+   univariate quadrature (about a hundred times dearer per entry: fine for the diagonal and a few thousand strongly
    correlated pairs, slow if most pairs of a large grid are strongly correlated).
 
 rho = +-1 (Y2 an affine function of Y1) and sigma = 0 (point masses) are handled exactly by the same

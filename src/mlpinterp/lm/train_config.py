@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 
 from mlpinterp.utils.validation import Int, Real, check_fields
 
-#: LmTrainConfig fields added after the first version that wrote train-lm checkpoints (f0653d2), with the behaviour
+#: LmTrainConfig fields added after the first version that wrote train-lm checkpoints, with the behaviour
 #: before each: a checkpoint written before a field existed resumes when the request keeps that behaviour
-#: (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every field dates from f0653d2.
+#: (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every field dates from the first version.
 #: Add a field here when it is added to LmTrainConfig.
 ADDED_FIELDS: dict = {}
 
@@ -18,9 +18,9 @@ class LmTrainConfig:
     """A small GPT-2-architecture causal LM and its byte-level BPE tokenizer, trained on text documents.
 
     Defaults: 4 layers, d_model 256, 4 heads, 128 positions, vocabulary 4096 (5.2 M parameters, 1.0 M of them
-    the tied embedding); AdamW with linear warm-up and cosine decay; measured about 1,600 tokens/s on one
-    contended CPU core, so the default 400 steps of 32 x 128 tokens (1.6 M tokens, about one pass over the
-    bundled corpora without wikitext-2 test) take about 15-20 minutes. Raises ``TypeError``/``ValueError`` on
+    the tied embedding); AdamW with linear warm-up and half-cosine decay; the default 400 steps of 32 x 128
+    tokens are 1.6 M tokens, about one pass over the bundled corpora without wikitext-2 test (throughput in
+    ``docs/measurements.md``). Raises ``TypeError``/``ValueError`` on
     construction for an invalid field (named in the message).
     """
 

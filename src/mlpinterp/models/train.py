@@ -228,7 +228,7 @@ def train_classifier(
         Torch device for training; checkpoints are stored on CPU.
     threads
         Torch intra-op CPU threads while training (restored afterwards). One thread is fastest for these
-        small per-step workloads (on a loaded 2-core machine, 2 threads were 4.6x slower); ``None`` keeps
+        small per-step workloads (more threads cost more in synchronisation than they save); ``None`` keeps
         torch's setting. Bit-identical resumption needs the same value.
 
     Returns

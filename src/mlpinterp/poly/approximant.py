@@ -69,7 +69,7 @@ def _power_outer(A: np.ndarray, r: int, weights: np.ndarray) -> np.ndarray:
     if r == 1:
         return weights @ A
     if r == 2:
-        # one 2-D GEMM [o*d, h] @ [h, d] (numpy's broadcast batched matmul is ~20x slower here)
+        # one 2-D GEMM [o*d, h] @ [h, d] (numpy's broadcast batched matmul is much slower here)
         o, (h, d) = weights.shape[0], A.shape
         return ((A.T[None, :, :] * weights[:, None, :]).reshape(o * d, h) @ A).reshape(o, d, d)
     letters = "abcdefgh"[:r]

@@ -175,7 +175,7 @@ def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.nd
     C = e2 - np.outer(e_phi, e_phi)
     C = np.where(np.outer(s > 0, s > 0), C, 0.0)  # constant neurons have exactly zero covariance
     W2, P = network.W2, p.W2
-    # quadratic forms as one GEMM each (a 3-operand einsum without optimize loops in C: ~2 s at d_hidden 1536)
+    # quadratic forms as one GEMM each (a 3-operand einsum without optimize loops in C, slow at transformer widths)
     var_f = ((W2 @ C) * W2).sum(1)
     mean_f = W2 @ e_phi + network.b2
     scale = float(np.sum(mean_f**2)) + float(((np.abs(W2) @ np.abs(e2)) * np.abs(W2)).sum())

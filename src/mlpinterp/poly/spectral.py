@@ -97,7 +97,7 @@ def pca_directions(X, k: int) -> np.ndarray:
         _, _, Vt = np.linalg.svd(X - X.mean(0), full_matrices=False)
         return Vt[:k].T.copy()
     # tall data (MNIST: 60,000 x 784): the eigenvectors of the centred scatter matrix, accumulated in chunks
-    # (no centred copy of X; 10x faster than the SVD of X); the same subspace up to rounding (tests)
+    # (no centred copy of X; much faster than the SVD of X); the same subspace up to rounding (tests)
     mu = X.mean(0, dtype=np.float64)
     C = np.zeros((d, d))
     for s in range(0, n, 8192):

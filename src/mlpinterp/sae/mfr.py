@@ -175,12 +175,12 @@ def mfr_penalty(decoders: list[Tensor], matching: Literal["hungarian", "max"] = 
 
 
 # ----------------------------------------------------------------------------- config
-#: :class:`MfrConfig` fields (flattened, as in checkpoints) added after checkpoints first recorded the configuration
-#: (dfc8473), each with the behaviour of the code before it existed (not necessarily today's default): a checkpoint
-#: that lacks one resumes when the request keeps that behaviour, and is refused, naming it, when it asks for another.
+#: :class:`MfrConfig` fields (flattened, as in checkpoints) added after checkpoints first recorded the configuration,
+#: each with the behaviour of a checkpoint without it (not necessarily today's default): a checkpoint that lacks one
+#: resumes when the request keeps that behaviour, and is refused, naming it, when it asks for another.
 ADDED_FIELDS = {
-    "init_b_dec_to_mean": False,  # 927bb74: b_dec started at zero before
-    "normalize_activations": "none",  # a8ac49d, with norm_batches: inputs were never rescaled before
+    "init_b_dec_to_mean": False,  # without it: b_dec starts at zero
+    "normalize_activations": "none",  # without it (and norm_batches): inputs are not rescaled
     "norm_batches": 10,
 }
 

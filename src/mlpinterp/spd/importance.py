@@ -12,12 +12,10 @@ the reference implementation: ``w1 ~ N(0, 2)`` (Kaiming, fan-in 1, ReLU gain), `
 These MLPs are SPD's hot path on the CPU (``batch x C x d_gate`` GELU units per site, forward and backward: about
 two thirds of a TMS 5-2 step in eager mode, each pass over a tensor too large for the core's cache). With
 ``compile=True`` the formula runs through ``torch.compile`` (inductor fuses the broadcast, the GELU and the
-reduction and their backward into loops that stay in cache): measured 1.85x per TMS 5-2 paper-preset step
-(27 -> 14.7 ms) and 3.2x per TMS 40-10 step (673 -> 208 ms) on the machine of 2026-12-02, 2.09x per TMS 40-10 step
-(1,014 -> 485 ms) on the AVX2-only CPU of 2026-12-03, 1 thread (``benchmarks/bench_spd_steps.py``), for a few
-seconds of compilation per input shape. Rows of ``h`` that are all zero (sparse toys' inputs with no active
-feature) are evaluated once for all (``SKIP_ZERO_ROWS``) when at least half the rows are: 1.40x more per TMS 5-2
-step, measured by the same benchmark.
+reduction and their backward into loops that stay in cache), for a few seconds of compilation per input shape.
+Rows of ``h`` that are all zero (sparse toys' inputs with no active feature) are evaluated once for all
+(``SKIP_ZERO_ROWS``) when at least half the rows are. ``benchmarks/bench_spd_steps.py`` measures both; the
+measured speed-ups are in ``docs/measurements.md``.
 Tested to match the eager formula (values and gradients), on batches with and without zero rows.
 """
 
@@ -42,9 +40,8 @@ _BUCKET = 256
 """Row count granularity of the MLPs' evaluation on the non-zero rows (:meth:`CausalImportance.forward`)."""
 
 _MIN_ZERO_SHARE = 0.5
-"""The zero-row path runs only when at least this share of the rows is zero. Measured per paper-preset step
-(``benchmarks/bench_spd_steps.py``, 1 thread): 1.40x on TMS 5-2 (77 % zero rows), 0.97x on resid-MLP-1 (37 %) and
-0.77x on TMS 40-10 (13 %), where gathering and scattering cost more than the rows saved."""
+"""The zero-row path runs only when at least this share of the rows is zero: below it, gathering and scattering
+the rows cost more than the rows saved (``benchmarks/bench_spd_steps.py``; ``docs/measurements.md``)."""
 
 SKIP_ZERO_ROWS = True
 """Evaluate the MLPs once for all all-zero rows of ``h`` (:meth:`CausalImportance.forward`); ``False`` evaluates
@@ -83,7 +80,7 @@ class CausalImportance(nn.Module):
         n = flat.shape[0]
         if not SKIP_ZERO_ROWS or n < 2 * _BUCKET:
             return f(h, *params)
-        # Measured hot path (issue 10; 1.40x per TMS 5-2 paper-preset step): rows of h that are all zero (every
+        # Hot path (docs/measurements.md): rows of h that are all zero (every
         # input of a sparse-feature toy with no active feature: 77 % of TMS 5-2's samples, 37 % of resid-MLP-1's) all
         # give gamma(0), so the MLPs run on the other rows and one zero row only. A zero row's output is written
         # gamma(0) + h gamma'(0) (gamma'(0) in closed form, GELU' = Phi + z phi): the value is gamma(0), the gradient

@@ -130,8 +130,8 @@ class SPDConfig:
     dtype: str = "float32"
     """Floating-point type of the decomposition, the target copy and the batches: "float32" or "float64"."""
     compile: bool = False
-    """Run the causal-importance MLPs (the step's hot path) through ``torch.compile``: 1.65x per TMS 5-2 step on the
-    CPU, a few seconds of compilation; same values to float32 rounding."""
+    """Run the causal-importance MLPs (the step's hot path) through ``torch.compile``: faster steps on the CPU
+    (``docs/measurements.md``) for a few seconds of compilation; same values to float32 rounding."""
     seed: int = 0
     """Seed of the initialisation and of the masks' uniform noise."""
     log_every: int = 500

@@ -1,6 +1,6 @@
-"""glibc malloc settings for the matrix-free mixture solver (measured hot path, issue 12; no-ops without glibc).
+"""glibc malloc settings for the matrix-free mixture solver's hot path (no-ops without glibc).
 
-Two opposite costs, both measured on MNIST (784-512-10, Ledoit-Wolf classes, r = 784, 10 outputs, 2 threads):
+Two opposite costs (the figures below are for MNIST: 784-512-10, Ledoit-Wolf classes, r = 784, 10 outputs):
 
 * **Resident memory.** glibc serves blocks below its mmap threshold from its heap and raises the threshold (up to
   32 MB on 64-bit) to the size of every mmapped block that is freed; after the first float32 CG vector (24.6 MB) is
@@ -10,16 +10,15 @@ Two opposite costs, both measured on MNIST (784-512-10, Ledoit-Wolf classes, r =
 * **Page faults.** Returning pages means faulting them in again. The operator's bfloat16 GEMMs each allocate a
   float32 accumulator of their output (oneDNN scratch); the operator therefore runs them one output at a time
   (2 MB of scratch, below the mmap threshold), and the trim threshold is raised to ``TRIM_THRESHOLD`` so that the
-  scratch freed at the top of the heap is reused instead of being returned and faulted in again (glibc's default,
-  128 kB: 47,000 page faults per operator application; 8 MB: 9,300; one 24.6 MB GEMM per component: 105,000,
-  25 s of system time in a 60 s solve). Measured effect in ``docs/polynomial.md``.
+  scratch freed at the top of the heap is reused instead of being returned and faulted in again (glibc's default
+  of 128 kB, or one 24.6 MB GEMM per component, multiply the page faults per operator application; the counts
+  are in ``docs/measurements.md``).
 
 * **Transparent huge pages.** What page faults remain (every freed CG vector's pages are faulted in again when the
   next one is allocated) cost 4 kB each. ``enable_transparent_huge_pages`` asks torch's CPU allocator to align
   allocations of 2 MB and more to 2 MB and ``madvise(MADV_HUGEPAGE)`` them (torch's own ``THP_MEM_ALLOC_ENABLE``;
-  the kernel's THP setting ``madvise`` or ``always`` is needed): 400 allocations of a 24.6 MB CG vector took 3.15 s
-  and 2.4 M faults with 4 kB pages, 1.2 s and 0.16 M faults with it; a cold MNIST solve 36.9 -> 32.7 s and a warm
-  one 24.7 -> 22.6 s, the same iterations and residuals (``docs/polynomial.md``).
+  the kernel's THP setting ``madvise`` or ``always`` is needed): about 15 times fewer faults for a CG vector, the
+  same iterations and residuals (``docs/measurements.md``).
 
 Nothing here is used when the environment sets ``MALLOC_MMAP_THRESHOLD_`` (the user's own glibc settings win);
 ``THP_MEM_ALLOC_ENABLE`` set by the user wins likewise.

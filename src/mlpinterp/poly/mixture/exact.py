@@ -41,9 +41,9 @@ _FAST_BF16: dict = {}
 def cpu_has_fast_bfloat16() -> bool:
     """True when a bfloat16 matrix product runs at least 2x faster than float32 on this CPU.
 
-    Timed once per process and thread count (best of 3 products of two 512 x 512 matrices, about 20 ms): CPUs
-    with AVX512-BF16 or AMX run bfloat16 GEMMs 4-5x faster (measured on an AMD EPYC with avx512_bf16); without
-    them torch emulates bfloat16 and is slower than float32.
+    Timed once per process and thread count (best of 3 products of two 512 x 512 matrices): CPUs with AVX512-BF16
+    or AMX run bfloat16 GEMMs several times faster; without them torch emulates bfloat16 and is slower than
+    float32.
     """
     import torch
 
@@ -323,8 +323,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             t = tensors_in_u(warm_start, coords, warm_start.degree)
             t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
             x0, res0, start = as_t(t), None, "warm (plain start)"
-    # memory (issue 12): the anchor is not kept through the solve (49 MB at MNIST scale; a cold start's x0 is the
-    # anchor itself) but built again for the correction below (the same deterministic values, 0.3 s); nor is its
+    # memory: the anchor is not kept through the solve (49 MB at MNIST scale; a cold start's x0 is the
+    # anchor itself) but built again for the correction below (the same deterministic values); nor is its
     # residual ra once a warm start has used it (recomputed below, the same values: one more operator application)
     del anchor
     if res0 is not ra:

@@ -92,7 +92,7 @@ def operator_structure(coords: SupportCoordinates, weights: np.ndarray) -> str:
     for w, S in zip(weights, coords.covs, strict=True):
         if w > 0:
             # torch's LAPACK follows torch.set_num_threads; numpy's OpenBLAS may spawn a thread per core and,
-            # on a loaded CPU, took 3.6 s instead of 0.04 s per 712 x 712 matrix (measured, issue 12)
+            # on a loaded CPU, is about a hundred times slower here (docs/measurements.md)
             ev = torch.linalg.eigvalsh(torch.as_tensor(S, dtype=torch.float64)).numpy()
             if ev[-1] > 0 and ev[0] > FULL_RANK_RTOL * ev[-1]:
                 return "nonsingular"
@@ -122,7 +122,7 @@ class MixtureOperator:
         wd = self.work_dtype
         self.pi = [float(w) for w in weights]
         self.m = torch.as_tensor(coords.means, device=device, dtype=wd)
-        # memory (issue 12): the covariances are kept once, in float64 (on the CPU the coordinates' own array, not a
+        # memory: the covariances are kept once, in float64 (on the CPU the coordinates' own array, not a
         # copy); a float32 operator casts them per application (``S``), and ``Q`` is built per application
         self._S64 = torch.as_tensor(coords.covs, device=device, dtype=torch.float64)
         self._S_gemm = self.S.to(dtype) if dtype != wd else None  # bfloat16 GEMM inputs, kept (half of float32)
@@ -249,7 +249,7 @@ class MixtureOperator:
         """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
         (``flatten_theta`` rows), written into one new ``[s, n]`` tensor of ``F``'s dtype.
 
-        Memory (issue 12): no tuple with its own ``[s, r, r]`` part beside the flat block that CG needs.
+        Memory: no tuple with its own ``[s, r, r]`` part beside the flat block that CG needs.
         """
         torch = self.torch
         r = self.r
@@ -277,10 +277,9 @@ class MixtureOperator:
 
 
 #: For r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of ``S_k (A S_k)`` computes only the lower part of each of
-#: ``LOWER_BLOCKS`` block columns of its symmetric answer (measured hot path, r = 784 on a 2-core AMD EPYC with
-#: AVX512-BF16: the bfloat16 GEMM pair 4.6-4.8 ms -> 3.8-3.9 ms with 7 blocks of 112; 4 or 8 blocks gained less,
-#: 14 or 16 lost it to the smaller GEMMs; the flops are (1 + 8/14) / 2 = 0.79 of the full pair). Below it, one
-#: block column (the full product).
+#: ``LOWER_BLOCKS`` block columns of its symmetric answer (the flops are (1 + 8/14) / 2 = 0.79 of the full pair;
+#: fewer blocks save less, more lose it to the smaller GEMMs: ``docs/measurements.md``). Below it, one block column
+#: (the full product).
 LOWER_BLOCKS = 7
 LOWER_BLOCKS_MIN_R = 512
 
@@ -292,9 +291,9 @@ def _add_sandwiches(H, A, S_of, pi):
     (bfloat16 GEMMs accumulate into a float32 ``H``); ``S_of(k)``: ``S_k [r, r]`` in the GEMM dtype; ``pi``: the K
     weights (zero weights are skipped). ``S_k A_j S_k`` is symmetric, so only the lower part of each block column
     (the rows from the block's first column down) is computed, the diagonal blocks at half weight: the caller adds
-    ``H^T``. One output at a time (measured hot path): a bfloat16 GEMM allocates a float32 accumulator of its
+    ``H^T``. One output at a time (the hot path): a bfloat16 GEMM allocates a float32 accumulator of its
     output, 2 MB per ``[r, r]`` at MNIST scale, reused from the heap (one ``[o r, r]`` GEMM allocated 24.6 MB, a
-    fresh mapping each time: 105,000 page faults per application; ``utils.malloc``, ``docs/polynomial.md``).
+    fresh mapping each time; ``utils.malloc``, ``docs/measurements.md``).
     """
     import torch
 
@@ -394,7 +393,7 @@ def dtype_name(dtype) -> str:
 
 def apply_flat(op: MixtureOperator, Z, r: int):
     """``flatten_theta(apply_cast(op, unflatten_theta(Z, r)))``: the same values, the answer written into one new ``[s, n]`` tensor
-    (memory, issue 12: no second ``[s, r, r]`` copy in ``Z``'s dtype beside the flat block)."""
+    (memory: no second ``[s, r, r]`` copy in ``Z``'s dtype beside the flat block)."""
     theta = unflatten_theta(Z, r)
     if op.work_dtype != Z.dtype:
         theta = theta_cast(theta, op.work_dtype)

@@ -134,7 +134,7 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
         Z = precondition(R if idx.numel() == R.shape[0] else R.index_select(0, idx))  # [s, n]
         if Pp is not None:  # M-orthogonal to the previous block (and, in exact arithmetic, to all earlier ones)
             coef = (Z @ Qp.T) @ Hinv
-            Qp = None  # memory (issue 12): the previous block is not used again, freed as soon as it is done with
+            Qp = None  # memory: the previous block is not used again, freed as soon as it is done with
             Z -= coef @ Pp
         Pp = None
         # the parameter space is symmetric A: GEMM rounding breaks the symmetry of a direction's A, and on a singular
@@ -257,8 +257,8 @@ SWEEP_REDUCTION = {"float32": 1e-6, "bfloat16": 1e-2}
 SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
 #: A bfloat16 or float32 sweep ends (``"stagnated"``) when its recurrence residual has not fallen by 10 % in this
 #: many steps (rounding, not the Krylov space, limits it; the next sweep restarts from the true residual). CG's
-#: residual norm also plateaus on its own: 10 steps cut MNIST's first bfloat16 sweep at 32 iterations and 1.5e-3
-#: where it goes on to 5e-4 (measured), so the window is long.
+#: residual norm also plateaus on its own (a 10-step window ends MNIST's first bfloat16 sweep threefold above where
+#: it goes on to), so the window is long.
 STAGNATION_STEPS = 30
 #: A reduced-precision sweep that leaves the true residual above this fraction of the previous one has stalled: the
 #: remaining sweeps run one precision up, bfloat16 -> float32 -> float64 (``solver_info["fallback"]``).

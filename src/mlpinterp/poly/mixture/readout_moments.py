@@ -46,11 +46,8 @@ conditional quadrature where they do not converge).
 Cost per component: the slot matrix products (O(d_hidden^2 rank)), then O(patterns) elementwise passes over the
 ``[d_hidden, d_hidden]`` pair grid, chunked over rows (``chunk`` rows at a time) so temporaries stay at a few
 ``chunk x d_hidden`` arrays; ``M`` itself is ``p x p`` floats (p = 1 + r + (n - 1) d_hidden, doubled for GLUs).
-Measured by ``benchmarks/bench_ffn_mixture_moments.py`` (one thread, while other jobs shared the CPU, load 7-9) at
-MiniLM scale (d_in 384, d_hidden 1536, K = 8, d_out 384): gelu MLP degree 2 / 3 in 4.4 / 4.9 s of CPU, peak traced
-memory 305 / 409 MiB; SwiGLU 10.7 / 13.8 s, 648 / 927 MiB. Sampled normal equations cost 0.67 / 1.04 ms per sample
-(MLP) and 1.1 / 3.0 ms (SwiGLU), so a sample fit whose mixture FVU is within 0.1% of this optimum (2e6 - 1e7 samples,
-extrapolated as 1/N from 2e4) takes about 100-730x the CPU time of the exact route.
+``benchmarks/bench_ffn_mixture_moments.py`` times it against sampled normal equations at MiniLM scale
+(``docs/measurements.md``): a sample fit within 0.1% of this optimum takes orders of magnitude more CPU time.
 """
 
 from __future__ import annotations
