@@ -5,7 +5,7 @@ default (``--threads``). Every implementation trains on the same random batches 
 steps in the same run; ratios are ours / theirs.
 
 SAELens and sparsify run in a subprocess of ``--other-python`` (default: this interpreter, which has them after
-``make install``, i.e. the ``interop`` extra: sae-lens 6.54.12, eai-sparsify 1.3.3 on this project's CPU torch).
+``make install-test``, i.e. the ``interop`` extra: sae-lens 6.54.12, eai-sparsify 1.3.3 on this project's CPU torch).
 When that interpreter or a package is missing, the comparison is skipped and the reason printed.
 
 Usage: ``python benchmarks/bench_sae_throughput.py [--steps 5] [--threads 1]``

@@ -680,6 +680,7 @@ def _anon_huge_kb(text: str) -> int:
     return sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("AnonHugePages:"))
 
 
+@pytest.mark.slow
 def test_cli_turns_on_huge_pages_before_torch_allocates_and_keeps_the_users_choice():
     """The ``mlpinterp`` command sets torch's THP_MEM_ALLOC_ENABLE before torch's first allocation, so a 32 MB tensor
     is backed by 2 MB pages where the kernel allows it (``madvise`` or ``always``); a user's own value is kept."""

@@ -14,6 +14,7 @@ from mlpinterp.cli.main import app
 from tests.cli_utils import flat
 
 
+@pytest.mark.slow
 def test_reproduce_polynomial_smoke_on_digits(tmp_path):
     out = tmp_path / "run"
     args = ["reproduce", "polynomial", "--dataset", "digits", "--seeds", "2", "--out", str(out), "--smoke", "--quiet"]
@@ -56,6 +57,7 @@ def test_reproduce_polynomial_rejects_bad_options(tmp_path):
     assert r.exit_code != 0
 
 
+@pytest.mark.slow
 def test_reproduce_polynomial_final_only_quadratic_policy(tmp_path):
     """The final-only policy (`--quadratic-mixture-steps final`) yields gaps, not crashes."""
     out = tmp_path / "run"
@@ -272,6 +274,7 @@ def _approximant_steps(out) -> set:
     return {load_artifact(f, kind=("ridge_polynomial", "dense_polynomial")).provenance["step"] for f in files}
 
 
+@pytest.mark.slow
 def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path):
     out = tmp_path / "run"
     base = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--quiet"]

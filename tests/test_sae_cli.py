@@ -26,6 +26,7 @@ def test_k_values_accept_space_comma_and_repeated_forms():
         _k_values(["0"], [])
 
 
+@pytest.mark.slow
 def test_reproduce_mfr_synthetic_tiny(tmp_path):
     res = runner.invoke(app, ["reproduce", "mfr", "--setting", "synthetic", "--k", "6", "--seeds", "1",
                               "--steps", "4", "--quick", "--quiet", "--out", str(tmp_path)])

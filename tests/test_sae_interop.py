@@ -1,7 +1,7 @@
 """Interop with the real sparsify and SAELens packages: our files in their loaders, their files in ours.
 
 Each direction compares reconstructions of the same inputs (float64, to 1e-10). The packages come with the
-``interop`` extra (``pip install -e '.[interop]'``, which ``make install`` and CI use); without them these tests
+``interop`` extra (``pip install -e '.[interop]'``, which ``make test`` and CI use); without them these tests
 skip, and ``test_sae_io.py`` still checks the same fields against hand computations.
 
 Matrix (our file -> their loader, their file -> our loader):

@@ -110,6 +110,7 @@ def test_causal_importance_mlp_matches_a_loop():
             torch.testing.assert_close(out[b, c], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_compiled_causal_importance_matches_eager_values_and_gradients():
     """``compile=True`` (torch.compile of the hot path) against the eager formula: outputs and every gradient."""
     gen = torch.Generator().manual_seed(1)

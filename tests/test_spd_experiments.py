@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import replace
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -37,6 +38,7 @@ def _args(out, *extra):
             "--steps", "10", *extra]
 
 
+@pytest.mark.slow
 def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     for s in (0, 1):
         save_toy(tms52_target, tmp_path / f"seed{s}" / "target", _info(seed=s))
@@ -109,6 +111,7 @@ def test_cli_apd_run_side_by_side_checks_targets(tmp_path, tms52_target):
     assert bad.exit_code == 1 and "does not exist" in bad.output, bad.output
 
 
+@pytest.mark.slow
 def test_reproduce_resid_and_identity_tiny(tmp_path, tms52_target):
     biased = build_resid_mlp(RESID_PRESETS["resid-mlp-1"])
     save_toy(biased, tmp_path / "old" / "seed0" / "target", {"loss": 0.0, "config": target_config(

@@ -383,6 +383,7 @@ def test_sigma_zero_derivative_needs_derivative():
 ACTS = ["relu", "leaky_relu:0.2", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "softplus", "elu"]
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     name=st.sampled_from(ACTS),
