@@ -4,22 +4,24 @@ FVU (fraction of variance unexplained, Rigg & Belrose 2025 §4) is pooled over o
 ``sum_o E[(f_o - p_o)^2] / sum_o Var(f_o)`` (a fraction in [0, inf), 0 = perfect); per-output values too.
 Under one Gaussian and an MLP approximated by its own ``RidgePolynomial`` the FVU is exact: every term
 is a bivariate Gaussian expectation (Mehler's formula for Hermite terms, 1-D quadrature of conditional
-expectations for E[phi(y_i) phi(y_j)], with a propagated error bound). Otherwise it is estimated by
-Monte Carlo with a delta-method standard error.
+expectations for E[phi(y_i) phi(y_j)], with a propagated error bound), summed in blocks of neuron rows
+(:mod:`mlpinterp.poly.fvu_exact`). Otherwise it is estimated by Monte Carlo with a delta-method standard error,
+streamed over chunks of samples (memory independent of the sample count).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import log_softmax
 
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
-from mlpinterp.networks import MLP, validate_network
-from mlpinterp.poly.approximant import RidgePolynomial
+from mlpinterp.networks import GLU, validate_network
+from mlpinterp.poly.fvu_exact import check_variance, exact_layout, fvu_exact_mlp
+from mlpinterp.utils.memory import chunk_rows
 from mlpinterp.utils.validation import to_numpy
 
 
@@ -67,7 +69,7 @@ def fvu_from_outputs(f: np.ndarray, p_out: np.ndarray, method: str = "data") -> 
         raise ValueError(f"f and p_out must both have shape [n >= 2, d_out], got {list(f.shape)} and {list(p_out.shape)}")
     r2 = (f - p_out) ** 2
     v2 = (f - f.mean(0)) ** 2
-    _check_variance(v2.mean(0), float((f**2).mean(0).sum()), " on these inputs")
+    check_variance(v2.mean(0), float((f**2).mean(0).sum()), " on these inputs")
     pooled, se, per, per_se = _ratio_stats(r2, v2)
     return FVUResult(pooled, per, se, per_se, method, f.shape[0])
 
@@ -84,131 +86,109 @@ def fvu_on_data(network, p, X) -> FVUResult:
     return fvu_from_outputs(network(X), p(X))
 
 
-def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk: int = 50_000) -> FVUResult:
+def _mc_bytes_per_row(network, p, dist) -> float:
+    """Bytes one Monte Carlo sample holds while the network and ``p`` are evaluated (inputs, hidden layers with
+    their temporaries, outputs and the running products)."""
+    h = network.d_hidden * (4 if isinstance(network, GLU) else 3)
+    hp = int(getattr(p, "d_hidden", 0) or 0)
+    terms = (int(getattr(p, "degree", 2)) + 3) * (2 if getattr(p, "G", None) is not None else 1)
+    width = int(getattr(dist, "rank", dist.d))
+    return 8.0 * (2 * dist.d + width + h + hp * terms + 6 * network.d_out)
+
+
+class _Moments:
+    """Running sums of the Monte Carlo FVU, per output and pooled, about a pilot mean (memory O(d_out)).
+
+    With e = f - mu0 (mu0: the first chunk's mean) the variance about the sample mean is mean(e^2) - (mean e)^2,
+    and the delta-method variance of r2 - per (f - mean f)^2 expands into the sums of r2, r2^2, r2 e, r2 e^2, e,
+    e^2, e^3, e^4: per-output values and errors equal those computed from stored samples. The pooled value does
+    too; the pooled error uses deviations about mu0, which differ from deviations about the sample mean by the
+    pilot's error, O(1/sqrt(chunk)) of the spread (a second-order change of the error, not of the value).
+    """
+
+    def __init__(self, f: np.ndarray):
+        self.mu0 = f.mean(0)
+        self.n = 0
+        self.sums = {k: np.zeros(f.shape[1]) for k in ("r", "rr", "re", "ree", "e", "ee", "eee", "eeee")}
+        self.pooled = np.zeros(5)  # sums of a, a^2, b, b^2, a b with a = sum_o r2, b = sum_o e^2
+
+    def add(self, f: np.ndarray, r2: np.ndarray) -> None:
+        e = f - self.mu0
+        e2 = e * e
+        s = self.sums
+        s["r"] += r2.sum(0)
+        s["rr"] += (r2 * r2).sum(0)
+        s["re"] += (r2 * e).sum(0)
+        s["ree"] += (r2 * e2).sum(0)
+        s["e"] += e.sum(0)
+        s["ee"] += e2.sum(0)
+        s["eee"] += (e2 * e).sum(0)
+        s["eeee"] += (e2 * e2).sum(0)
+        a, b = r2.sum(1), e2.sum(1)
+        self.pooled += [a.sum(), (a * a).sum(), b.sum(), (b * b).sum(), (a * b).sum()]
+        self.n += f.shape[0]
+
+    def result(self) -> FVUResult:
+        n = self.n
+        s = {k: v / n for k, v in self.sums.items()}
+        d = s["e"]  # sample mean - mu0
+        B = s["ee"] - d * d  # variance about the sample mean (1/n)
+        check_variance(B, float(np.sum(s["ee"] + (self.mu0 + d) ** 2)), " under this distribution")
+        Bs = np.where(B > 0, B, np.nan)
+        per = s["r"] / Bs
+        # t = r2 - per v with v = (e - d)^2; E[t] = 0 by the choice of per
+        Ev2 = s["eeee"] - 4 * d * s["eee"] + 6 * d * d * s["ee"] - 3 * d**4  # E[(e - d)^4], using E[e] = d
+        Erv = s["ree"] - 2 * d * s["re"] + d * d * s["r"]
+        var_t = np.maximum(s["rr"] - 2 * per * Erv + per * per * Ev2, 0.0) * n / (n - 1)
+        per_se = np.sqrt(var_t / n) / Bs
+        sa, saa, sb, sbb, sab = self.pooled / n
+        total = float(np.sum(B))
+        pooled = float(sa / total)
+        tvar = max(saa - 2 * pooled * sab + pooled**2 * sbb - (sa - pooled * sb) ** 2, 0.0) * n / (n - 1)
+        return FVUResult(pooled, per, math.sqrt(tvar / n) / total, per_se, "monte-carlo", n)
+
+
+def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk_size: int | None = None) -> FVUResult:
+    """Monte Carlo FVU streamed over chunks of samples: memory O(chunk x width + d_out), for any ``n_samples``.
+
+    ``chunk_size`` samples (default: from the width and the memory budget, :func:`mlpinterp.utils.memory.chunk_rows`)
+    are drawn, evaluated and reduced to running sums (:class:`_Moments`) before the next chunk is drawn. Raises
+    :class:`~mlpinterp.utils.memory.InsufficientMemoryError` before drawing when one chunk would not fit.
+    """
+    per_row = _mc_bytes_per_row(network, p, dist)
+    what, fix = "a Monte Carlo FVU chunk", "pass a smaller chunk_size"
+    if chunk_size is None:
+        chunk = chunk_rows(per_row, what, fix, minimum=2, maximum=n_samples)
+    else:
+        chunk = chunk_rows(per_row, what, fix, budget=int(chunk_size * per_row), maximum=chunk_size)
+    chunk = max(chunk, 2)
     rng = np.random.default_rng(seed)
-    r2s, fs = [], []
-    for s in range(0, n_samples, chunk):
-        X = dist.sample(min(chunk, n_samples - s), rng)
+    acc = None
+    for start in range(0, n_samples, chunk):
+        X = dist.sample(min(chunk, n_samples - start), rng)
         f = network(X)
-        r2s.append((f - p(X)) ** 2)
-        fs.append(f)
-    f = np.concatenate(fs)
-    r2 = np.concatenate(r2s)
-    v2 = (f - f.mean(0)) ** 2
-    _check_variance(v2.mean(0), float((f**2).mean(0).sum()), " under this distribution")
-    pooled, se, per, per_se = _ratio_stats(r2, v2)
-    return FVUResult(pooled, per, se, per_se, "monte-carlo", n_samples)
+        r2 = (f - p(X)) ** 2
+        del X
+        acc = acc or _Moments(f)
+        acc.add(f, r2)
+    return acc.result()
 
 
-def _exact_layout(network, p, dist: Gaussian) -> np.ndarray | None:
-    """Classify ``p``'s ridge directions for the exact FVU, or ``None`` if the exact route does not apply.
-
-    The exact route needs an MLP, a ``RidgePolynomial`` without gate terms and, for each of p's neurons,
-    ``z_j = A_j . (x - center)`` either standard normal under ``dist`` (unit variance, zero mean) or a.s. 0
-    (zero variance, zero mean). Returns a boolean mask ``[p.d_hidden]`` (True = standard-normal direction).
-    """
-    if not (isinstance(network, MLP) and isinstance(p, RidgePolynomial) and p.G is None):
-        return None
-    if p.d_in != network.d_in or p.d_out != network.d_out:
-        return None
-    scale = 1.0 + float(np.abs(dist.mean).max()) + float(np.abs(p.center).max())
-    norms = ((p.A @ dist.cov) * p.A).sum(1)
-    unit = np.abs(norms - 1) < 1e-8
-    zero = np.abs(norms) < 1e-12
-    if not np.all(unit | zero):
-        return None
-    offset = p.A @ (dist.mean - p.center)  # mean of z_j
-    if np.any(np.abs(offset) > 1e-12 * scale * (1.0 + np.abs(p.A).sum(1))):
-        return None
-    return unit
-
-
-def _check_variance(var_f: np.ndarray, scale: float, where: str) -> None:
-    total = float(np.sum(var_f))
-    if not total > 1e-24 * scale:
-        raise ValueError(
-            f"network output has zero variance{where} (sum_o Var(f_o) = {total:.3g}); the FVU is undefined"
-        )
-
-
-#: network -> (distribution, E[phi(y_i) phi(y_j)], its error bound): the d_hidden^2 bivariate integrals depend on
-#: the network and the input law only, so FVUs of several approximants of one network reuse them.
-_PRODUCT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _product_moments(network: MLP, dist: Gaussian, m, s, rho) -> tuple[np.ndarray, np.ndarray]:
-    """E[phi(y_i) phi(y_j)] ``[h, h]`` and its error bound, cached per (network, distribution) object pair."""
-    from mlpinterp.gaussian.bivariate import gauss_product_ev
-
-    hit = _PRODUCT_CACHE.get(network)
-    if hit is not None and hit[0] is dist:
-        return hit[1], hit[2]
-    e2, err = gauss_product_ev(network.act, m[:, None], s[:, None], m[None, :], s[None, :], rho, return_error=True)
-    _PRODUCT_CACHE[network] = (dist, e2, err)
-    return e2, err
-
-
-def _fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.ndarray) -> FVUResult:
-    """Exact FVU of a ``RidgePolynomial`` (any standard-normal directions, see ``_exact_layout``) under one Gaussian.
-
-    With u_i = (y_i - m_i) / s_i the network's standardised pre-activations, c_ik the Hermite coefficients of
-    phi about y_i's law, and z_j = A_j . (x - center) p's standard-normal ridge variables (Mehler):
-    Cov(phi(y_i), He_k(z_j)) = k! c_ik rho_ij^k with rho_ij = Corr(y_i, z_j), and
-    Cov(He_k(z_i), He_l(z_j)) = delta_kl k! R_ij^k with R_ij = Corr(z_i, z_j). Neurons of p with z_j = 0 a.s.
-    are constants sum_k D_jk He_k(0).
-    """
-    from mlpinterp.gaussian.hermite import hermite_he
-    from mlpinterp.gaussian.univariate import hermite_coefficients
-
-    W = network.W1
-    m = W @ dist.mean + network.b1
-    WS = W @ dist.cov
-    cov_y = WS @ W.T
-    s = np.sqrt(np.maximum(np.diag(cov_y), 0.0))
-    safe = np.where(s > 0, s, 1.0)
-    rho_y = np.clip(cov_y / np.outer(safe, safe), -1.0, 1.0)
-    rho_y = np.where(np.outer(s > 0, s > 0), rho_y, 0.0)
-    n = p.degree
-    c = hermite_coefficients(network.act, m, s, n)
-    e_phi = c[:, 0]
-    e2, err = _product_moments(network, dist, m, s, rho_y)
-    C = e2 - np.outer(e_phi, e_phi)
-    C = np.where(np.outer(s > 0, s > 0), C, 0.0)  # constant neurons have exactly zero covariance
-    W2, P = network.W2, p.W2
-    # quadratic forms as one GEMM each (a 3-operand einsum without optimize loops in C, slow at transformer widths)
-    var_f = ((W2 @ C) * W2).sum(1)
-    mean_f = W2 @ e_phi + network.b2
-    scale = float(np.sum(mean_f**2)) + float(((np.abs(W2) @ np.abs(e2)) * np.abs(W2)).sum())
-    _check_variance(var_f, scale, " under this distribution")
-    bound = ((np.abs(W2) @ np.abs(err)) * np.abs(W2)).sum(1)
-    A = np.where(unit[:, None], p.A, 0.0)
-    rho = np.where((s > 0)[:, None] & unit[None, :], (WS @ A.T) / safe[:, None], 0.0)
-    rho = np.clip(rho, -1.0, 1.0)
-    R = np.clip(A @ dist.cov @ A.T, -1.0, 1.0)
-    cov_fp = np.zeros(network.d_out)
-    var_p = np.zeros(network.d_out)
-    for k in range(1, n + 1):
-        fk = math.factorial(k)
-        PD = P * p.D[:, k]
-        cov_fp += (((W2 * c[:, k]) @ (rho**k * fk)) * PD).sum(1)
-        var_p += ((PD @ (R**k * fk)) * PD).sum(1)
-    const_h = (hermite_he(n, np.zeros(p.d_hidden)) * p.D).sum(1)  # sum_k D_jk He_k(0)
-    mean_h = np.where(unit, p.D[:, 0], const_h)
-    mean_gap = mean_f - (P @ mean_h + p.b2)
-    mse = np.maximum(var_f + var_p - 2 * cov_fp + mean_gap**2, 0.0)
-    per = mse / np.where(var_f > 0, var_f, np.nan)
-    pooled = float(mse.sum() / var_f.sum())
-    err_bound = float(bound.sum() * (1 + pooled) / var_f.sum())
-    zeros = np.zeros(network.d_out)
-    return FVUResult(pooled, per, 0.0, zeros, "exact", 0, err_bound)
-
-
-def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, method: str = "auto") -> FVUResult:
+def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, method: str = "auto",
+        chunk_size: int | None = None) -> FVUResult:
     """FVU of approximant ``p`` against ``network`` under ``distribution``.
 
-    ``method="auto"`` is exact when possible (MLP, one Gaussian, ``p`` its own ridge approximant) and Monte
-    Carlo with ``n_samples`` draws (seeded) otherwise; ``"monte-carlo"`` forces sampling.
-    Raises ``ValueError`` for an unknown method or when ``"exact"`` is requested but not available.
+    ``method="auto"`` is exact when possible (MLP, one Gaussian, ``p`` its own ridge approximant;
+    :mod:`mlpinterp.poly.fvu_exact`, memory O(d_hidden x chunk)) and Monte Carlo with ``n_samples`` seeded draws
+    otherwise (streamed: memory independent of ``n_samples``). GLUs always use Monte Carlo (the module docstring of
+    :mod:`mlpinterp.poly.fvu_exact` says why). When the exact value's error bound exceeds the value itself (e.g. a
+    covariance at the edge of float64, where the bivariate integrals lose their digits), ``"auto"`` warns and falls
+    back to Monte Carlo; ``"exact"`` warns and returns it. ``"monte-carlo"`` forces sampling. ``chunk_size``: rows
+    per block (exact) or samples per chunk (Monte Carlo); default from the width and the available memory.
+
+    Raises ``ValueError`` for an unknown method or when ``"exact"`` is requested but not available;
+    :class:`~mlpinterp.utils.memory.InsufficientMemoryError` (a ``MemoryError``) before allocating when even one
+    block or chunk would not fit, naming the estimate and what to change.
     """
     network = validate_network(network)
     if not isinstance(distribution, Gaussian | GaussianMixture):
@@ -219,18 +199,33 @@ def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, me
         raise ValueError(
             f"distribution has dimension {distribution.d} but the network has d_in = {network.d_in}"
         )
-    unit = _exact_layout(network, p, distribution) if isinstance(distribution, Gaussian) else None
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer)
+                                   or chunk_size < 2):
+        raise ValueError(f"chunk_size must be an int >= 2 or None, got {chunk_size!r}")
+    unit = exact_layout(network, p, distribution) if isinstance(distribution, Gaussian) else None
     exact_ok = unit is not None
     if method == "exact" and not exact_ok:
         raise ValueError(
             "exact FVU needs an MLP, a Gaussian and a ridge approximant whose directions are standard normal "
             "under that Gaussian (e.g. one fitted by fit_polynomial under it)"
         )
-    if exact_ok and method != "monte-carlo":
-        return _fvu_exact_mlp(network, p, distribution, unit)
     if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
         raise ValueError(f"n_samples must be >= 2, got {n_samples}")
-    return _fvu_monte_carlo(network, p, distribution, n_samples, seed)
+    if exact_ok and method != "monte-carlo":
+        pooled, per, bound = fvu_exact_mlp(network, p, distribution, unit, chunk_size=chunk_size)
+        if not bound <= pooled:
+            note = (f"the exact FVU {pooled:.3g} has a numerical error bound {bound:.3g} larger than itself (the "
+                    "bivariate integrals lost their digits, e.g. a covariance near the float64 range)")
+            if method == "exact":
+                warnings.warn(f"{note}; pass method='monte-carlo' for a sampled estimate", RuntimeWarning,
+                              stacklevel=2)
+            else:
+                warnings.warn(f"{note}; using Monte Carlo with {n_samples} samples instead", RuntimeWarning,
+                              stacklevel=2)
+                return _fvu_monte_carlo(network, p, distribution, int(n_samples), seed, chunk_size)
+        zeros = np.zeros(network.d_out)
+        return FVUResult(pooled, per, 0.0, zeros, "exact", 0, bound)
+    return _fvu_monte_carlo(network, p, distribution, int(n_samples), seed, chunk_size)
 
 
 def _eval_inputs(X, d_in: int) -> np.ndarray:
