@@ -156,12 +156,8 @@ def test_gaussian_zero_dimension_message():
         mi.Gaussian(np.zeros(0), np.zeros((0, 0)))
 
 
-@_xfail(
-    "overflow fixed (cov stays finite, rank 1 instead of 0), but the rank is still 1: eigenvalues below "
-    "PSD_RTOL = 1e-10 times the largest count as zero, so diag(1e308, 1) has numerical rank 1 "
-    "(gaussian/distributions.py _check_cov); rank 2 needs a rank rule that is not purely relative"
-)
 def test_gaussian_huge_finite_covariance_keeps_its_rank():
+    """The rank is decided in standardised coordinates, so diag(1e308, 1) keeps both directions."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g = mi.Gaussian(np.zeros(2), np.diag([1e308, 1.0]))

@@ -4,10 +4,15 @@ The approximants of Rigg & Belrose (2025, arXiv 2502.01032, §3) are least-squar
 an input law; this module holds the laws. Covariances may be singular (real image data has
 constant pixels): the approximant is then defined on the support ``mean + range(cov)`` and,
 off the support, by orthogonal projection onto it (the minimum-norm solution, as ``lstsq`` gives).
+
+The rank is decided in standardised coordinates (each coordinate divided by its own standard deviation), so inputs
+in mixed units (variances 1e4 and 1e-7) keep every direction they vary along; a direction is dropped only when it
+is negligible relative to the variances of the coordinates it mixes, and then with a warning naming its variance.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +53,54 @@ def _check_cov(cov: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.n
     return cov, w, v
 
 
+def _support_factor(cov: np.ndarray, mean: np.ndarray, w: np.ndarray, v: np.ndarray,
+                    name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(factor [d, r], support [d, r])`` with the rank decided in standardised coordinates.
+
+    A coordinate is constant when its standard deviation is below the rounding of its mean (``4 eps |mean_i|``,
+    exactly 0 included); the others are divided by their standard deviations and the correlation matrix's
+    eigenvalues below :data:`PSD_RTOL` times its largest count as zero. When that keeps more directions than the
+    raw eigenvalues (relative to the largest variance) do, the factor is the SVD of the standardised one mapped
+    back, ``U S`` with ``cov ~ U S^2 U^T`` (orthogonal columns: ``factor = support * sqrt(eigenvalue)`` as for the
+    raw route). Warns (``RuntimeWarning``) when a dropped direction's standardised eigenvalue is above rounding
+    (a direction the data resolve, not numerical noise), naming the variance dropped.
+    """
+    keep = w > 0
+    d = cov.shape[0]
+    if keep.all() or d == 0:
+        return v[:, keep] * np.sqrt(w[keep]), v[:, keep]
+    var = np.maximum(np.diag(cov), 0.0)
+    live = var > (4 * np.finfo(float).eps * np.abs(mean)) ** 2
+    if not live.any():
+        return v[:, keep] * np.sqrt(w[keep]), v[:, keep]
+    sd = np.sqrt(var[live])
+    corr = cov[np.ix_(live, live)] / sd[:, None] / sd[None, :]
+    wc, vc = np.linalg.eigh(0.5 * (corr + corr.T))
+    top = max(float(wc[-1]), 0.0)
+    keep_c = wc > PSD_RTOL * top
+    noise = 64 * np.finfo(float).eps * np.sqrt(corr.shape[0]) * top
+    resolved = (~keep_c) & (wc > noise)
+    if keep_c.sum() > keep.sum():
+        B = np.zeros((d, int(keep_c.sum())))
+        B[live] = sd[:, None] * vc[:, keep_c] * np.sqrt(wc[keep_c])
+        U, S, _ = np.linalg.svd(B, full_matrices=False)
+        nz = S > 0
+        factor, support = U[:, nz] * S[nz], U[:, nz]
+    else:
+        factor, support = v[:, keep] * np.sqrt(w[keep]), v[:, keep]
+    if resolved.any():
+        dropped = float(var.sum() - np.einsum("dr,dr->", factor, factor))
+        warnings.warn(
+            f"{name}: {int(resolved.sum())} direction(s) dropped from the support: their eigenvalues in standardised "
+            f"coordinates (each coordinate divided by its own standard deviation) are up to {wc[resolved].max():.3g}, "
+            f"below {PSD_RTOL:g} of the largest ({top:.3g}); variance dropped {max(dropped, 0.0):.3g} of "
+            f"{float(var.sum()):.3g}. The law is treated as constant along them; rescale the inputs or add "
+            "shrinkage if the network reads them",
+            RuntimeWarning, stacklevel=4,
+        )
+    return factor, support
+
+
 def _check_n(n) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
@@ -70,8 +123,10 @@ class Gaussian:
 
     Attributes
     ----------
-    factor : ``[d, r]`` matrix L with ``cov = L L^T`` (r = rank), so ``x = mean + L u``, ``u ~ N(0, I_r)``.
-    support : ``[d, r]`` orthonormal basis of ``range(cov)``.
+    factor : ``[d, r]`` matrix L with ``cov = L L^T`` (r = rank), so ``x = mean + L u``, ``u ~ N(0, I_r)``;
+        its columns are orthogonal (``support * sqrt(eigenvalue)``).
+    support : ``[d, r]`` orthonormal basis of ``range(cov)``. The rank is decided in standardised coordinates
+        (module docstring); a resolvable direction that is dropped raises a ``RuntimeWarning`` naming its variance.
     """
 
     mean: np.ndarray
@@ -86,11 +141,11 @@ class Gaussian:
         d = mean.shape[0]
         cov = check_shape(to_numpy(self.cov, "cov"), "cov", (d, d))
         cov, w, v = _check_cov(cov, "cov")
-        keep = w > 0
+        factor, support = _support_factor(cov, mean, w, v, "cov")
         object.__setattr__(self, "mean", frozen(mean))
         object.__setattr__(self, "cov", frozen(cov))
-        object.__setattr__(self, "factor", frozen(v[:, keep] * np.sqrt(w[keep])))
-        object.__setattr__(self, "support", frozen(v[:, keep]))
+        object.__setattr__(self, "factor", frozen(factor))
+        object.__setattr__(self, "support", frozen(support))
 
     @property
     def d(self) -> int:
