@@ -29,7 +29,8 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         ``RidgePolynomial``) or ``"ols"`` (the paper's route: monomial features, master-theorem
         cross-moments, Isserlis feature covariance; small d_in only; returns ``DensePolynomial``).
         Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"`` is a dense
-        Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 (``poly/mixture/cached_dense.py``), else
+        Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 and its K Gram matrices fit in
+        ``cached_dense.MAX_CACHED_BYTES`` and the available memory (``poly/mixture/cached_dense.py``), else
         matrix-free preconditioned CG (``"cg"``, ``poly/mixture/pcg.py``; see :func:`mixture_route`); ``"dense"`` builds the monomial
         Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
         schedule-free SGD on mixture samples), for comparison only.
@@ -83,7 +84,7 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
             return fit_ols(network, distribution, degree, **options)
         raise ValueError(f"method must be 'auto', 'ridge' or 'ols' under a Gaussian, got {method!r}")
 
-    route = mixture_route(degree, method, network.d_in, options)
+    route = mixture_route(degree, method, network.d_in, options, K=distribution.K)
     if route == "sgd":
         from mlpinterp.poly.mixture.sgd import fit_sgd
 
@@ -106,13 +107,15 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
 PRESENTATION_OPTIONS = frozenset({"progress"})
 
 
-def mixture_route(degree: int, method: str, d_in: int, options: dict) -> str:
+def mixture_route(degree: int, method: str, d_in: int, options: dict, K: int = 1) -> str:
     """The solver ``fit_polynomial`` runs under a ``GaussianMixture``: ``"linear"``, ``"cached"``, ``"cg"``,
     ``"dense"`` or ``"sgd"`` (the one place where the mixture methods are dispatched).
 
     Degree <= 1 is the closed form (``"linear"``) for every exact method. Degree 2 with ``"auto"``/``"exact"`` is
     the dense Cholesky solve cached per mixture (``"cached"``) when its feature count fits
-    (``cached_dense.MAX_FEATURES``) and no option of the CG solver is given, else ``"cg"``; other degrees with
+    (``cached_dense.MAX_FEATURES``), its ``K`` Gram matrices (``cached_dense.gram_bytes``) fit in
+    ``cached_dense.MAX_CACHED_BYTES`` and in the available memory, and no option of the CG solver is given, else
+    ``"cg"`` (memory O(K r^2)); other degrees with
     ``"auto"``/``"exact"`` are ``"dense"``. Options in :data:`PRESENTATION_OPTIONS` (``progress``) never change the
     route.
 
@@ -127,10 +130,13 @@ def mixture_route(degree: int, method: str, d_in: int, options: dict) -> str:
     if method in ("cg", "dense"):
         return method
     if degree == 2:
-        from mlpinterp.poly.mixture.cached_dense import MAX_FEATURES, feature_count
+        from mlpinterp.poly.mixture import cached_dense
+        from mlpinterp.utils.memory import USABLE_FRACTION, available_bytes
 
         solver_options = set(options) - PRESENTATION_OPTIONS
-        return "cached" if not solver_options and feature_count(d_in) <= MAX_FEATURES else "cg"
+        fits = cached_dense.gram_bytes(K, d_in) <= min(cached_dense.MAX_CACHED_BYTES, USABLE_FRACTION * available_bytes())
+        return "cached" if not solver_options and cached_dense.feature_count(d_in) <= cached_dense.MAX_FEATURES \
+            and fits else "cg"
     return "dense"
 
 

@@ -31,6 +31,17 @@ from mlpinterp.poly.ridge import fit_ridge
 #: Largest number of quadratic features (r+1)(r+2)/2 handled here.
 MAX_FEATURES = 5000
 
+#: Largest memory of the cached Grams (``gram_bytes``) for which ``fit_polynomial`` takes this route by default;
+#: beyond it (many components) the matrix-free solver, whose memory is O(K r^2), is used instead.
+MAX_CACHED_BYTES = 2 * 10**9
+
+
+def gram_bytes(K: int, r: int) -> float:
+    """Bytes of the cached solve: K per-component Grams ``[F, F]``, their mixture, its factorisation and the
+    symmetrised copy (F = (r+1)(r+2)/2, float64)."""
+    F = feature_count(r)
+    return 8.0 * (K + 4) * F * F
+
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -95,6 +106,10 @@ def _factorise(mixture: GaussianMixture) -> _Factorised:
     if feature_count(r) > MAX_FEATURES:
         raise ValueError(f"the cached dense quadratic solve needs {feature_count(r)} features (support dimension "
                          f"r = {r}), more than MAX_FEATURES = {MAX_FEATURES}; use method='cg'")
+    from mlpinterp.utils.memory import require
+
+    require(gram_bytes(mixture.K, r), f"the cached dense quadratic solve's {mixture.K} Gram matrices "
+            f"[F, F] (F = {feature_count(r)})", "use method='cg' (matrix-free, memory O(K r^2))")
     iu = np.triu_indices(r)
     grams = np.stack([_component_gram(a, C, iu) for a, C in zip(coords.means, coords.covs, strict=True)])
     G = np.einsum("k,kab->ab", mixture.weights, grams)

@@ -31,6 +31,7 @@ from mlpinterp.poly.mixture.operator import (
 from mlpinterp.poly.mixture.pcg import galerkin_start, pcg
 from mlpinterp.poly.ridge import fit_ridge
 from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
+from mlpinterp.utils.memory import require
 
 _METHODS = ("auto", "exact", "cg", "dense")
 
@@ -231,6 +232,14 @@ def fit_mixture(
 
 _OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+
+def operator_bytes(K: int, r: int, d_out: int) -> float:
+    """Bytes of the matrix-free solve, float64 (an upper bound for the lower precisions): the K component
+    covariances in u with their working copies and preconditioner blocks (4 K r^2) and CG's iterate, residual,
+    search direction, operator image, anchor and refinement vectors over the outputs (12 d_out r^2)."""
+    return 8.0 * (4 * K + 12 * d_out) * r * r
+
+
 def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> MixtureOperator:
     """The mixture's operator and preconditioner, cached per (mixture, preconditioner, device, dtype)."""
     ops = _OPERATORS.setdefault(mixture, {})
@@ -259,6 +268,9 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     import torch
 
     fix_mmap_threshold()  # memory; see mlpinterp.utils.malloc
+    require(operator_bytes(mixture.K, coords.r, network.d_out),
+            f"the matrix-free quadratic solve (K = {mixture.K} components on a support of rank r = {coords.r}, "
+            f"{network.d_out} outputs)", "merge components, or reduce the inputs' dimension (e.g. PCA) before fitting")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
     requested = dtype
