@@ -162,7 +162,7 @@ def test_from_hf_equals_the_blocks_own_modules(family):
     net = mi.from_hf(model, path)
     _close(net(x.numpy()), ref)
     site = mi.ffn_site(model, path)
-    assert site.family == fam and site.path == path
+    assert site.convention == fam and site.family == model.config.model_type and site.path == path
     assert isinstance(site.network, mi.GLU if fam in ("llama", "t5-gated", "phi3") else mi.MLP)
     assert site.output_module.startswith(block_path + ".") and site.input_module.startswith(block_path + ".")
     assert (site.network.d_in, site.network.d_out) == (D, D)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mlpinterp as mi
-from mlpinterp.ffn.projection import RIDGE_GRID, RidgePath, normal_equations, project_on_data, solve_projection
-from mlpinterp.ffn.readout import RidgeBasis
+from mlpinterp.poly.projection import RIDGE_GRID, RidgePath, normal_equations, project_on_data, solve_projection
+from mlpinterp.poly.readout import RidgeBasis
 from mlpinterp.utils import memory
 
 D, H, O = 5, 7, 3

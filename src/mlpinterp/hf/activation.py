@@ -22,7 +22,10 @@ Hugging Face name (``ACT2FN`` key) / class        our activation
 ================================================ ===========================================================
 
 ``gelu_fast`` writes sqrt(2/pi) as 0.7978845608 (10 digits); it differs from the tanh GELU by at most
-8.2e-13 on the grid's scale (measured), inside the tolerance. Anything else (``gelu_10`` = GELU clipped to
+8.2e-13 on the grid's scale (measured), inside the tolerance. BLOOM's ``BloomGelu`` writes it as 0.79788456
+(8 digits): 2.3e-10 on the grid (measured), accepted as ``gelu_tanh`` under its own tolerance
+(:data:`CLASS_TOLERANCE`); its approximants are those of the exact tanh GELU, and the import check against the
+block bounds the difference of the outputs. Anything else (``gelu_10`` = GELU clipped to
 [-10, 10], ``relu6``, ``relu2``, ``mish``, ``xielu``, a custom lambda, a config value that the module does not
 compute) raises ``ValueError`` naming the config value and the module's class: the closed forms and
 quadrature rules of :mod:`mlpinterp.gaussian` are selected by name, so an unverified name would give silently
@@ -39,6 +42,7 @@ import numpy as np
 from mlpinterp.gaussian.activations import Activation, get_activation, register_module_resolver
 
 __all__ = [
+    "CLASS_TOLERANCE",
     "GRID_TOLERANCE",
     "HF_ACTIVATION_CLASSES",
     "HF_ACTIVATION_NAMES",
@@ -80,7 +84,12 @@ HF_ACTIVATION_CLASSES: dict[str, str] = {
     "QuickGELUActivation": "quick_gelu",
     "SiLUActivation": "silu",
     "LinearActivation": "identity",
+    "BloomGelu": "gelu_tanh",
 }
+
+#: Classes whose constants are written with fewer digits than float64 holds: their own grid tolerance
+#: (max |ours - theirs| / (1 + |theirs|)), just above the measured difference (module docstring).
+CLASS_TOLERANCE: dict[str, float] = {"BloomGelu": 5e-10}
 
 #: Largest accepted max_y |ours(y) - theirs(y)| / (1 + |theirs(y)|) over the grid (float64).
 GRID_TOLERANCE = 1e-12
@@ -196,21 +205,31 @@ def resolve_activation(obj, config_value=None, config_key: str | None = None, wh
         note = f"; {cfg} does not match it" if cfg and candidates else (f"; {cfg}" if cfg else "")
         candidates.append((own, f"{found}{note}"))
     tried = []
+    tol = _tolerance(obj)
     for name, source in candidates:
         act = get_activation(name)
         err = max_discrepancy(act, obj)
-        if err <= GRID_TOLERANCE:
+        if err <= tol:
             return act, source
         tried.append(f"{name!r} differs from it by {err:.2g}")
     what = f"{cfg} and the {found}" if cfg else f"the {found} ({config_key or 'no config'} value not set)"
     detail = ("; ".join(tried) + f" (max |difference| / (1 + |value|) on [-50, 50]; tolerance {GRID_TOLERANCE:g})"
               if tried else "neither maps to a supported activation")
+    detail = detail.replace(f"tolerance {GRID_TOLERANCE:g}", f"tolerance {tol:g}")
     raise ValueError(
         f"unsupported activation at {where}: found {what}; {detail}. Supported Hugging Face activations: "
         f"{', '.join(sorted(HF_ACTIVATION_NAMES))} (and torch.nn ReLU, GELU, SiLU, Tanh, Sigmoid, LeakyReLU, "
         "Identity). For another elementwise activation build mlpinterp.MLP / GLU from the weights with "
         "activation=<callable> (its Gaussian integrals then use quadrature)"
     )
+
+
+def _tolerance(obj) -> float:
+    """Grid tolerance for ``obj``: :data:`CLASS_TOLERANCE` for the listed ``transformers`` classes, else the default."""
+    cls = type(obj)
+    if cls.__module__.startswith("transformers.") and cls.__name__ in CLASS_TOLERANCE:
+        return CLASS_TOLERANCE[cls.__name__]
+    return GRID_TOLERANCE
 
 
 def module_activation(module) -> Activation:
@@ -234,7 +253,7 @@ def object_activation(obj) -> Activation:
     name = _candidate(obj)
     if name is not None:
         act = get_activation(name)
-        if max_discrepancy(act, obj) <= GRID_TOLERANCE:
+        if max_discrepancy(act, obj) <= _tolerance(obj):
             return act
     return get_activation(obj)
 

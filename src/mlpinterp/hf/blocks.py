@@ -17,12 +17,21 @@ OPT                       the decoder layer ``decoder.layers.3``   ``fc2(activat
 GPT-J                     ``h.3.mlp``                              ``fc_out(act(fc_in(x)))``
 Llama / Mistral / Qwen2 / ``layers.3.mlp``                         ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
 Gemma / Phi-3
+Falcon / BLOOM            ``h.3.mlp``                              ``dense_4h_to_h(act(dense_h_to_4h(x)))``
+Phi-2                     ``layers.3.mlp``                         ``fc2(activation_fn(fc1(x)))``
+GPT-BigCode               ``h.3.mlp``                              ``c_proj(act(c_fc(x)))``
+DistilBERT                ``transformer.layer.3.ffn``              ``lin2(activation(lin1(x)))``
+Mixtral / Qwen-MoE        one expert: ``layers.3.mlp.experts.5``   ``down_proj[5](act_fn(gate[5](x)) * up[5](x))``
+experts (fused, ``[E, .]``)                                        (``gate_up_proj[5]`` = [gate; up]); the router
+                                                                   and the routing weights are outside the block
 T5 (plain / gated)        ``encoder.block.0.layer.1.DenseReluDense``  ``wo(act(wi(x)))`` / ``wo(act(wi_0(x)) * wi_1(x))``
                           (or the ``T5LayerFF`` ``...layer.1``)
 ========================= ======================================== ============================================
 
 The FFN excludes what surrounds it: dropout, the residual add and LayerNorms (BERT's ``output.LayerNorm``, OPT's
-``final_layer_norm``, T5's ``layer_norm``). For BERT the path is the layer, not ``<layer>.intermediate`` (which is
+``final_layer_norm``, T5's ``layer_norm``, the residual BLOOM's ``BloomMLP`` adds). A mixture-of-experts layer is
+not one block: each expert is (the router's choice and weights stay outside), and Qwen-MoE's ``shared_expert`` is
+a plain gated block of its own. For BERT the path is the layer, not ``<layer>.intermediate`` (which is
 only the first half of the FFN: ``dense`` + activation): one path per block; ``<layer>.intermediate`` is refused
 with the layer's path in the message.
 
@@ -72,17 +81,25 @@ class FFNSite:
     path: str
     """The path as the user gave it."""
     family: str
-    """Naming convention recognised: bert, gpt2, gpt_neox, opt, gptj, t5, llama, t5-gated, mixtral, phi3."""
+    """The model family: ``config.model_type`` of the model (``"phi"``, ``"falcon"``, ``"gpt_bigcode"``, ``"qwen2"``),
+    or the naming convention when the model has no config."""
     input_module: str
-    """Module whose forward input ``args[0]`` is the FFN input x (the block's first projection)."""
-    output_module: str
-    """Module whose output is the FFN output f(x) (the block's output projection)."""
+    """Module whose forward input ``args[0]`` is the FFN input x (the block's first projection; for an expert of a
+    fused-experts module, that module: ``args[0]`` holds every token the router sees, routed here or not)."""
+    output_module: str | None
+    """Module whose output is the FFN output f(x) (the block's output projection); None for an expert of a
+    fused-experts module, whose output no module returns alone (the experts module returns the routed, weighted
+    sum), so an expert cannot be spliced by a hook."""
     activation_source: str
     """Where the activation was read from, e.g. ``"config.activation_function='gelu_new' (NewGELUActivation module)"``."""
+    convention: str = ""
+    """Naming convention recognised (:data:`~mlpinterp.hf.layouts.LAYOUTS`): bert, gpt2, gpt_neox, bloom, opt,
+    distilbert, gptj, t5, llama, t5-gated, mixtral, phi3, or fused-experts."""
 
     def __repr__(self) -> str:
         n = self.network
-        return (f"FFNSite(path={self.path!r}, family={self.family!r}, network={type(n).__name__}(d_in={n.d_in}, "
+        return (f"FFNSite(path={self.path!r}, family={self.family!r}, convention={self.convention!r}, "
+                f"network={type(n).__name__}(d_in={n.d_in}, "
                 f"d_hidden={n.d_hidden}, d_out={n.d_out}, activation={n.activation!r}), "
                 f"input_module={self.input_module!r}, output_module={self.output_module!r}, "
                 f"activation_source={self.activation_source!r})")
@@ -168,7 +185,19 @@ def ffn_paths(model) -> list[str]:
             continue
         if match_layout(mod) is not None:
             out.append(name)
+        elif is_fused_experts(mod):
+            out.extend(f"{name}.{e}" for e in range(mod.gate_up_proj.shape[0]))
     return out
+
+
+def is_fused_experts(mod) -> bool:
+    """True for a fused-experts module (transformers 5 Mixtral / Qwen-MoE): ``gate_up_proj [E, 2 h, d]``,
+    ``down_proj [E, d, h]`` tensors and an ``act_fn``."""
+    import torch
+
+    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    return (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.ndim == 3 and dn.ndim == 3
+            and callable(getattr(mod, "act_fn", None)))
 
 
 def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
@@ -176,15 +205,23 @@ def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
     paths = ffn_paths(model)
     tail = f"; FFN blocks of this {type(model).__name__}: {_summary(paths)}"
     inside = [p for p in paths if full.startswith(p + ".")]
+    last = full.rsplit(".", 1)[-1].lower()
+    attention = "attention" in cls.lower() or "attn" in cls.lower() or last in _ATTENTION_NAMES
+    if attention and inside:
+        parts = match_layout(model.get_submodule(inside[0]))
+        what = f" ({' -> '.join(parts.projections)})" if parts is not None else ""
+        return ValueError(f"{path!r} is the attention module ({cls}) of the layer {inside[0]!r}, not part of its FFN"
+                          f"{what}: the FFN block is read at the path {inside[0]!r}, with this attention excluded")
     if inside:
         return ValueError(f"{path!r} ({cls}) is part of the FFN block {inside[0]!r}; pass the block's path "
                           f"{inside[0]!r} (its input and output are found from there){tail}")
-    last = full.rsplit(".", 1)[-1].lower()
-    if "attention" in cls.lower() or "attn" in cls.lower() or last in _ATTENTION_NAMES:
+    if attention:
         return ValueError(f"{path!r} is an attention module ({cls}), not an FFN block{tail}")
     contains = [p for p in paths if p.startswith(full + ".")]
     if contains:
-        return ValueError(f"{path!r} ({cls}) is not an FFN block but contains {len(contains)}: "
+        moe = any(is_fused_experts(m) for m in block.modules())
+        note = " (a mixture-of-experts layer: each expert is a block, the router stays outside)" if moe else ""
+        return ValueError(f"{path!r} ({cls}) is not an FFN block but contains {len(contains)}{note}: "
                           f"{_summary(contains)}; pass one of those paths")
     children = [n for n, _ in block.named_children()]
     no_act = match_layout(block, need_act=False)
@@ -232,7 +269,15 @@ def ffn_site(model, path: str) -> FFNSite:
             quantised weights, unknown activation, forward mismatch).
     """
     _check_model(model)
-    full, block = resolve_path(model, path)
+    try:
+        full, block = resolve_path(model, path)
+    except ValueError:
+        from mlpinterp.hf.experts import expert_site
+
+        site = expert_site(model, path, _family(model, "fused-experts"))
+        if site is None:
+            raise
+        return site
     if match_layout(block) is None and type(block).__name__ == "T5LayerFF" and hasattr(block, "DenseReluDense"):
         full, block = f"{full}.DenseReluDense", block.DenseReluDense  # T5's FF layer = LayerNorm + this + dropout
     layout = match_layout(block)
@@ -248,7 +293,14 @@ def ffn_site(model, path: str) -> FFNSite:
     activation, source = resolve_activation(act_obj, value, key, where=full)
     network = read_network(block, layout, activation, where=full)
     check_forward(block, layout, network, where=full)
-    return FFNSite(network, path, layout.family, f"{full}.{layout.projections[0]}", f"{full}.{layout.down}", source)
+    return FFNSite(network, path, _family(model, layout.family), f"{full}.{layout.projections[0]}",
+                   f"{full}.{layout.down}", source, layout.family)
+
+
+def _family(model, convention: str) -> str:
+    """``model.config.model_type`` (the model's own family name), else the naming convention."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    return kind if isinstance(kind, str) and kind else convention
 
 
 def from_hf(model, path: str) -> MLP | GLU:

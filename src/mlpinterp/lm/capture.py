@@ -188,7 +188,11 @@ def _ffn_input_modules(model) -> list[str]:
 
     out = []
     for p in ffn_paths(model):
-        layout = match_layout(model.get_submodule(p))
+        try:
+            layout = match_layout(model.get_submodule(p))
+        except AttributeError:  # an expert of a fused-experts module: its input is that module's
+            out.append(p.rpartition(".")[0])
+            continue
         out.append(f"{p}.{layout.projections[0]}")
     return out
 

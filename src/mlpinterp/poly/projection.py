@@ -237,7 +237,7 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
 
     ``solver``: ``"dense"`` forms the ``[F, F]`` normal equations (F = ``basis.n_features(max degree)``);
     ``"cg"`` never does: conjugate gradients on the same ridge system with the features recomputed from ``X`` in
-    chunks at every iteration (:mod:`mlpinterp.ffn.projection_cg`; memory O(chunk x F + F x d_out), relative
+    chunks at every iteration (:mod:`mlpinterp.poly.projection_cg`; memory O(chunk x F + F x d_out), relative
     residual ``tol`` per output, at most ``maxiter`` iterations); ``"auto"`` is dense when the Gram fits in memory
     (:mod:`mlpinterp.utils.memory`), else CG (F = 26,113 for a Llama-7B-width GLU at degree 2: 22 GB dense).
     ``info["solver"]`` says which ran. Under ``torch.distributed`` the sums are all-reduced before solving (each
@@ -278,7 +278,7 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
         except InsufficientMemoryError:
             solver = "cg"
     if solver == "cg":
-        from mlpinterp.ffn.projection_cg import project_cg
+        from mlpinterp.poly.projection_cg import project_cg
 
         return project_cg(network, basis, X, degrees, ridge=ridge, X_val=X_val, chunk=chunk, tol=tol,
                           maxiter=maxiter)

@@ -1,9 +1,9 @@
 """The data projection without the ``[F, F]`` normal equations: conjugate gradients on the ridge system.
 
-Solves the same problem as :func:`mlpinterp.ffn.projection.project_on_data` (least squares over the ridge family
+Solves the same problem as :func:`mlpinterp.poly.projection.project_on_data` (least squares over the ridge family
 of degree n on samples ``X``, unpenalised intercept, ridge ``lam`` on the other coefficients): with the constant
 feature eliminated, ``(Phi_c^T Phi_c + lam I) B = Phi_c^T (Y - ybar)`` for the centred features ``Phi_c`` (the
-Schur complement of the dense system, :class:`~mlpinterp.ffn.projection.RidgePath`). Each operator application
+Schur complement of the dense system, :class:`~mlpinterp.poly.projection.RidgePath`). Each operator application
 recomputes the features of ``X`` chunk by chunk: ``Phi_c^T (Phi_c V) = Phi^T (Phi V) - n mu (mu . V)``, so memory
 is O(chunk x F + F x d_out) and a Llama-7B-width GLU (F = 26,113 at degree 2, a 5.5 GB Gram) fits in a few
 hundred MB. Jacobi-preconditioned CG (Hestenes & Stiefel 1952; Saad, *Iterative Methods*, Alg. 9.1) runs on every
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.networks import Network
 from mlpinterp.utils.validation import check_int, to_numpy
 
@@ -108,11 +108,11 @@ def _full(op: _Streamed, Bc: np.ndarray) -> np.ndarray:
 
 def project_cg(network: Network, basis: RidgeBasis, X, degrees: list[int], *, ridge, X_val=None, chunk: int = 4096,
                tol: float = 1e-10, maxiter: int = 2000) -> dict[int, tuple[Readout, dict]]:
-    """:func:`~mlpinterp.ffn.projection.project_on_data` with ``solver="cg"`` (module docstring); same returns, with
+    """:func:`~mlpinterp.poly.projection.project_on_data` with ``solver="cg"`` (module docstring); same returns, with
     ``info["solver"] = "cg"``, ``info["iterations"]`` and ``info["residual"]`` (largest relative residual over
     outputs). Raises ``ValueError`` for a non-positive ``tol`` / ``maxiter`` and when CG does not reach ``tol``
     within ``maxiter`` iterations (the message gives the residual reached)."""
-    from mlpinterp.ffn.projection import RIDGE_GRID, _validation_targets
+    from mlpinterp.poly.projection import RIDGE_GRID, _validation_targets
 
     chunk = check_int(chunk, "chunk", minimum=1)
     maxiter = check_int(maxiter, "maxiter", minimum=1)
