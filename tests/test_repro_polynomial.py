@@ -170,7 +170,7 @@ def test_pca_directions_of_float32_data_are_those_of_its_float64_cast(n):
 
 
 def _fake_run(seeds: int, *, smoke: bool = False, svd4: float = 0.3, pca4: float = 0.45, k10: float = 0.09,
-              steps=(16, 768, 4096, 8192)):
+              steps=(16, 768, 4096, 8192), quad=None):
     """Per-seed results shaped like ``_evaluate_seed``'s, with chosen attack accuracies (seed s adds 0.01 s)."""
     from types import SimpleNamespace
 
@@ -180,7 +180,8 @@ def _fake_run(seeds: int, *, smoke: bool = False, svd4: float = 0.3, pca4: float
         lin = [0.004, 0.004, 0.03, 0.03][i] + 0.001 * s
         return {name: {"fvu_mixture": {"fvu": f}, "fvu_test": {"fvu": f}, "kl_test": {"nats": f},
                        "kl_mixture": {"nats": f}, "test_accuracy": 0.95, "top1_agreement_test": 0.97}
-                for name, f in (("linear_mixture", lin), ("quadratic_mixture", 0.004 + 0.001 * s),
+                for name, f in (("linear_mixture", lin),
+                                ("quadratic_mixture", (0.004 if quad is None else quad[i]) + 0.001 * s),
                                 ("linear_gaussian", lin), ("quadratic_gaussian", 0.005))}
 
     def curve(k4, k10_, s):
@@ -451,3 +452,14 @@ def test_mixture_samples_are_drawn_per_checkpoint_and_always_the_same():
     assert np.array_equal(first, inputs.mixture_samples())
     assert np.array_equal(first, mix.sample(300, np.random.default_rng(9)))
     assert not any(isinstance(v, np.ndarray) and v.shape == (300, 5) for v in vars(inputs).values())
+
+
+def test_training_dynamics_verdict_is_judged_on_the_log_scale():
+    """Linear and quadratic FVU each rising about 6-fold (the digits demo's curves: 6.5e-4 -> 4e-3 quadratic) is not
+    'quadratic stays nearly flat', though its absolute range is far below the linear one's; a flat quadratic is."""
+    claim = next(r for r in _fake_run(3)["claims"] if r["claim"].startswith("Linear FVU rises"))
+    assert claim["verdict"] == "reproduced" and "(x1.00)" in claim["ours"]  # the flat quadratic, as a ratio
+    rising = _fake_run(3, quad=[6.5e-4, 6.5e-4, 2.5e-3, 4e-3])
+    claim = next(r for r in rising["claims"] if r["claim"].startswith("Linear FVU rises"))
+    assert claim["verdict"] == "not reproduced"
+    assert "log scale" in claim["reason"] and "not flat" in claim["reason"] and "linear FVU x" in claim["reason"]

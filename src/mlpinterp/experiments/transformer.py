@@ -230,12 +230,15 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 
     if "hybrid" in exp.input_models:
         with clock("hybrid"):
-            res["hybrid_history"] = {}
+            res["hybrid_history"], res["hybrid_steps"] = {}, {}
             for n in degrees:
                 start = Readout.from_closed_form(closed[n], RidgeBasis.from_closed_form(closed[n], g))
-                hr = finetune(network, start, X_fit, replace(exp.hybrid, seed=exp.seed), X_val=X_val, quiet=quiet,
+                # the best step is chosen on the tuning tokens (as the data projection's ridge), so the validation
+                # tokens stay unused for the recommendation below
+                hr = finetune(network, start, X_fit, replace(exp.hybrid, seed=exp.seed), X_val=X_tune, quiet=quiet,
                               desc=f"hybrid degree {n}")
                 res["hybrid_history"][str(n)] = hr.history
+                res["hybrid_steps"][str(n)] = hr.summary()
                 p = hr.readout.to_polynomial(info={"input_model": "hybrid"})
                 Y_fit_sub = network(X_fit[:20_000])
                 r = _heldout_metrics(Y_fit_sub, p(X_fit[:20_000]))

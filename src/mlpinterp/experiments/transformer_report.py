@@ -286,6 +286,16 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
     if "features" in fig:
         L += ["## Eigen-features", "", fig["features"], ""]
 
+    hyb = [(lay["layer"], n, lay["hybrid_steps"][str(n)]) for lay in layers for n in degrees
+           if str(n) in lay.get("hybrid_steps", {}) and lay["hybrid_steps"][str(n)]["best_step"] is not None]
+    if hyb:
+        rows = [[layer, n, h["best_step"], fmt_value(h["best_fvu_val"], ".3g"), h["last_step"],
+                 fmt_value(h["last_fvu_val"], ".3g")] for layer, n, h in hyb]
+        L += ["## Hybrid fine-tuning: best and last step", "",
+              "FVU on the tuning tokens at the best validated step (the one kept and reported above; step 0 is the "
+              "closed form it starts from) and at the last step.", "",
+              md_table(["block", "degree", "best step", "FVU (best)", "last step", "FVU (last)"], rows), ""]
+
     # timing
     steps = ("gaussian_fit", "gaussian", "data", "mixture", "hybrid", "block")
     rows = [[lay["layer"]] + [f"{fmt_value(lay['timing_s'].get(k), '.1f')} ({fmt_value(lay.get('cpu_s', {}).get(k), '.1f')})"

@@ -64,13 +64,30 @@ class ReadoutModule(nn.Module):
 
 @dataclass
 class HybridResult:
-    """A fine-tuned readout and its training record."""
+    """A fine-tuned readout and its training record.
+
+    With validation samples the returned ``readout`` is the one of the validated step with the lowest validation
+    FVU (``best_step``; the start, step 0, included, so fine-tuning never returns something worse on them than the
+    closed form it started from); ``last_readout`` is the final step's. Without them both are the final step's.
+    """
 
     readout: Readout
     history: list[dict] = field(default_factory=list)
     """``{"step", "seconds", "fvu_val"}`` entries (validation FVU on held-back fit activations)."""
 
     seconds: float = 0.0
+    last_readout: Readout | None = None
+    """The readout after the last step (the same object as ``readout`` without validation samples)."""
+    best_step: int | None = None
+    """Step of ``readout`` (None without validation samples)."""
+
+    def summary(self) -> dict:
+        """``{"best_step", "best_fvu_val", "last_step", "last_fvu_val"}`` from the history (None entries without it)."""
+        if not self.history:
+            return {"best_step": None, "best_fvu_val": None, "last_step": None, "last_fvu_val": None}
+        best = next(h for h in self.history if h["step"] == self.best_step)
+        return {"best_step": self.best_step, "best_fvu_val": best["fvu_val"], "last_step": self.history[-1]["step"],
+                "last_fvu_val": self.history[-1]["fvu_val"]}
 
 
 def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = HybridConfig(), *, X_val=None,
@@ -82,7 +99,8 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
     network : the block (targets ``f(x)`` are computed once, in float64, then cast to float32).
     start : the initial member of the ridge family.
     X_fit : ``[m, d_in]`` fit activations (numpy or torch).
-    X_val : optional ``[m', d_in]`` activations for the validation FVU in the history (not used for training).
+    X_val : optional ``[m', d_in]`` activations for the validation FVU in the history (not used for training);
+        with them the returned readout is the best validated step's (:class:`HybridResult`).
 
     Raises ``TypeError`` for a ``network`` / ``start`` / ``cfg`` of the wrong kind, ``ValueError`` when ``start``
     does not fit ``network`` (other d_in / d_out), for ``X_fit`` / ``X_val`` that are non-numeric (complex
@@ -118,16 +136,20 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
     opt = schedulefree.AdamWScheduleFree(module.parameters(), lr=cfg.lr, warmup_steps=cfg.warmup_steps)
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list[dict] = []
+    best: dict = {}
     t0 = time.perf_counter()
 
     def validate(step: int) -> None:
         if X_val is None:
             return
-        opt.eval()
+        opt.eval()  # schedule-free: evaluation weights (the averaged iterate)
         with torch.no_grad():
             err = sum(float(((module(Xv[s:s + 8192]) - Yv[s:s + 8192]) ** 2).sum()) for s in range(0, Xv.shape[0], 8192))
+            fvu_val = err / var_v
+            if not best or fvu_val < best["fvu_val"]:
+                best.update(step=step, fvu_val=fvu_val, readout=module.to_readout(start.basis))
         opt.train()
-        history.append({"step": step, "seconds": time.perf_counter() - t0, "fvu_val": err / var_v})
+        history.append({"step": step, "seconds": time.perf_counter() - t0, "fvu_val": fvu_val})
 
     opt.train()
     validate(0)
@@ -144,4 +166,7 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
                 validate(step)
             bar.advance()
     opt.eval()
-    return HybridResult(module.to_readout(start.basis), history, time.perf_counter() - t0)
+    last = module.to_readout(start.basis)
+    if not best:
+        return HybridResult(last, history, time.perf_counter() - t0, last, None)
+    return HybridResult(best["readout"], history, time.perf_counter() - t0, last, best["step"])
