@@ -44,7 +44,7 @@ from mlpinterp.gaussian.univariate.common import family, quiet
 from mlpinterp.gaussian.univariate.quadrature import panel_rule
 from mlpinterp.utils.validation import to_numpy
 
-__all__ = ["gauss_product_ev"]
+__all__ = ["gauss_product_ev", "mehler_coefficients"]
 
 _K_MEHLER = 160  # 160! < 1.8e308
 _V_GH = 0.25
@@ -73,17 +73,28 @@ def _validate(mu1, sigma1, mu2, sigma2, rho):
     return arrs, shape
 
 
-def _mehler(act, mu1, s1, mu2, s2, rho, shape):
-    """Mehler sum and its rigorous truncation bound, both of shape ``shape``."""
+def mehler_coefficients(act, mu, sigma) -> tuple[np.ndarray, np.ndarray]:
+    """``(c_hat [..., K + 1], E[phi(Y)^2] [...])`` of ``Y ~ N(mu, sigma^2)``: the orthonormal Hermite coefficients
+    ``c_k sqrt(k!)`` (k <= 160) and the second moment that :func:`gauss_product_ev` uses per neuron.
+
+    Computing them once and passing them as ``coefficients=`` saves their cost (a quadrature per neuron for
+    activations without closed forms) when one set of neurons meets many blocks of others.
+    """
+    act = get_activation(act)
     K = _K_MEHLER
     sqrt_fact = np.exp(0.5 * np.array([math.lgamma(k + 1) for k in range(K + 1)]))
+    m, t = np.broadcast_arrays(to_numpy(mu, "mu"), to_numpy(sigma, "sigma"))
+    return hermite_coefficients(act, m, t, K) * sqrt_fact, gauss_second_moment(act, m, t)
+
+
+def _mehler(act, mu1, s1, mu2, s2, rho, shape, coefficients=None):
+    """Mehler sum and its rigorous truncation bound, both of shape ``shape``."""
+    K = _K_MEHLER
     # coefficients once per neuron: c_hat_k = c_k sqrt(k!) (orthonormal Hermite basis)
-    m1, t1 = np.broadcast_arrays(mu1, s1)
-    m2, t2 = np.broadcast_arrays(mu2, s2)
-    a = hermite_coefficients(act, m1, t1, K) * sqrt_fact
-    b = hermite_coefficients(act, m2, t2, K) * sqrt_fact
-    e1 = gauss_second_moment(act, m1, t1)
-    e2 = gauss_second_moment(act, m2, t2)
+    if coefficients is None:
+        (a, e1), (b, e2) = mehler_coefficients(act, mu1, s1), mehler_coefficients(act, mu2, s2)
+    else:
+        a, e1, b, e2 = coefficients
     # residuals R_i(K) = E_i - sum_{k<=K} c_hat_k^2 for every K (cumulative), clipped at rounding level
     r1 = np.maximum(e1[..., None] - np.cumsum(a * a, axis=-1), 0.0)
     r2 = np.maximum(e2[..., None] - np.cumsum(b * b, axis=-1), 0.0)
@@ -160,7 +171,7 @@ def _conditional(act, mu1, s1, mu2, s2, rho, n_uniform, n_gl):
 
 
 @quiet
-def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool = False):
+def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool = False, coefficients=None):
     """E[phi(Y1) phi(Y2)] for (Y1, Y2) bivariate normal, broadcast over all arguments.
 
     Args:
@@ -170,6 +181,8 @@ def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool =
             Typical use: ``mu1 [d, 1]``, ``mu2 [1, d]``, ``rho [d, d]`` for all neuron pairs; Hermite
             coefficients are computed once per row/column, not per pair.
         return_error: also return a per-entry error estimate.
+        coefficients: optional ``(c_hat1, e1, c_hat2, e2)`` from :func:`mehler_coefficients` of ``(mu1, sigma1)``
+            and ``(mu2, sigma2)`` (their broadcast shapes plus a last axis of 161), to reuse them across calls.
 
     Returns:
         float64 array of shape ``broadcast(mu1, sigma1, mu2, sigma2, rho)``; with ``return_error`` a tuple
@@ -190,7 +203,7 @@ def gauss_product_ev(act, mu1, sigma1, mu2, sigma2, rho, *, return_error: bool =
         # E[Y1 Y2] = mu1 mu2 + rho s1 s2 (exact)
         val = np.broadcast_to(mu1 * mu2 + r * s1 * s2, shape).astype(np.float64)
         return (val, np.zeros(shape)) if return_error else val
-    total, err, scale = _mehler(act, mu1, s1, mu2, s2, r, shape)
+    total, err, scale = _mehler(act, mu1, s1, mu2, s2, r, shape, coefficients)
     bad = err > _REL_TOL * scale
     if np.any(bad):
         full = [np.broadcast_to(x, shape)[bad] for x in (mu1, s1, mu2, s2, r)]

@@ -82,8 +82,9 @@ def _rows(n_cols: int, extra_per_row: int, chunk_size: int | None, what: str) ->
 
 
 def _network_sums(network: MLP, dist: Gaussian, WL: np.ndarray, m, s, e_phi, chunk_size):
-    """``(var_f [o], mean_f [o], scale, bound [o])``, blocked over rows of the ``[h, h]`` product moments."""
-    from mlpinterp.gaussian.bivariate import gauss_product_ev
+    """``(var_f [o], mean_f [o], scale, bound)``, blocked over rows of the ``[h, h]`` product moments (``bound``: the
+    error bound of ``sum_o Var(f_o)``)."""
+    from mlpinterp.gaussian.bivariate import gauss_product_ev, mehler_coefficients
 
     hit = _NETWORK_CACHE.get(network)
     if hit is not None and hit[0] is dist:
@@ -93,20 +94,22 @@ def _network_sums(network: MLP, dist: Gaussian, WL: np.ndarray, m, s, e_phi, chu
     safe = np.where(s > 0, s, 1.0)
     live = s > 0
     var_f = np.zeros(network.d_out)
-    bound = np.zeros(network.d_out)
-    scale_sum = 0.0
+    bound = 0.0
     rows = _rows(h, 4 * network.d_out, chunk_size, "the exact FVU's [chunk, d_hidden] bivariate blocks")
+    coef, second = mehler_coefficients(network.act, m, s)  # once per neuron, shared by every block
     for i0 in range(0, h, rows):
         blk = slice(i0, min(i0 + rows, h))
         cov = WL[blk] @ WL.T
         rho = np.clip(cov / np.outer(safe[blk], safe), -1.0, 1.0)
         rho = np.where(np.outer(live[blk], live), rho, 0.0)
         e2, err = gauss_product_ev(network.act, m[blk, None], s[blk, None], m[None, :], s[None, :], rho,
-                                   return_error=True)
+                                   return_error=True,
+                                   coefficients=(coef[blk, None], second[blk, None], coef[None], second[None]))
         C = np.where(np.outer(live[blk], live), e2 - np.outer(e_phi[blk], e_phi), 0.0)
         var_f += (W2[:, blk].T * (C @ W2.T)).sum(0)  # sum_ij W2_oi C_ij W2_oj, rows i of this block
-        scale_sum += float((absW2[:, blk].T * (np.abs(e2) @ absW2.T)).sum())
-        bound += (absW2[:, blk].T * (np.abs(err) @ absW2.T)).sum(0)
+        bound += float((err * (absW2[:, blk].T @ absW2)).sum())  # sum_o sum_ij |W2_oi| err_ij |W2_oj|
+    # scale of the zero-variance test: sum_o (sum_i |W2_oi| sqrt(E phi_i^2))^2 >= sum_o sum_ij |W2_oi W2_oj e2_ij|
+    scale_sum = float(((absW2 @ np.sqrt(np.maximum(second, 0.0))) ** 2).sum())
     mean_f = W2 @ e_phi + network.b2
     out = (var_f, mean_f, float(np.sum(mean_f**2)) + scale_sum, bound)
     _NETWORK_CACHE[network] = (dist, out)
@@ -163,5 +166,5 @@ def fvu_exact_mlp(network: MLP, p: RidgePolynomial, dist: Gaussian, unit: np.nda
     mse = np.maximum(var_f + var_p - 2 * cov_fp + mean_gap**2, 0.0)
     per = mse / np.where(var_f > 0, var_f, np.nan)
     pooled = float(mse.sum() / var_f.sum())
-    err_bound = float(bound.sum() * (1 + pooled) / var_f.sum())
+    err_bound = float(bound * (1 + pooled) / var_f.sum())
     return pooled, per, err_bound

@@ -20,6 +20,7 @@ from scipy.special import log_softmax
 
 from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import GLU, validate_network
+from mlpinterp.poly.approximant import RidgePolynomial
 from mlpinterp.poly.fvu_exact import check_variance, exact_layout, fvu_exact_mlp
 from mlpinterp.utils.memory import chunk_rows
 from mlpinterp.utils.validation import to_numpy
@@ -148,6 +149,27 @@ class _Moments:
         return FVUResult(pooled, per, math.sqrt(tvar / n) / total, per_se, "monte-carlo", n)
 
 
+class _Affine:
+    """``x -> T1 x + T0`` (a degree <= 1 polynomial evaluated in O(d_in d_out) per sample, not through its neurons)."""
+
+    degree = 1
+    d_hidden = 0
+
+    def __init__(self, p):
+        self.T0 = np.asarray(p.coefficients(0))
+        self.T1 = np.asarray(p.coefficients(1)) if p.degree >= 1 else np.zeros((p.d_out, p.d_in))
+
+    def __call__(self, X):
+        return X @ self.T1.T + self.T0
+
+
+def _linear_form(p):
+    """``p`` as an :class:`_Affine` when it is a factored polynomial of degree <= 1, else ``p``."""
+    if isinstance(p, RidgePolynomial) and p.degree <= 1:
+        return _Affine(p)
+    return p
+
+
 def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk_size: int | None = None) -> FVUResult:
     """Monte Carlo FVU streamed over chunks of samples: memory O(chunk x width + d_out), for any ``n_samples``.
 
@@ -155,6 +177,7 @@ def _fvu_monte_carlo(network, p, dist, n_samples: int, seed: int, chunk_size: in
     are drawn, evaluated and reduced to running sums (:class:`_Moments`) before the next chunk is drawn. Raises
     :class:`~mlpinterp.utils.memory.InsufficientMemoryError` before drawing when one chunk would not fit.
     """
+    p = _linear_form(p)
     per_row = _mc_bytes_per_row(network, p, dist)
     what, fix = "a Monte Carlo FVU chunk", "pass a smaller chunk_size"
     if chunk_size is None:

@@ -31,8 +31,14 @@ def preactivation_laws(W: np.ndarray, b: np.ndarray, dist: Gaussian) -> tuple[np
     m = W @ dist.mean + b
     WL = W @ dist.factor
     s = np.sqrt(np.einsum("hr,hr->h", WL, WL))
-    Wp = (W @ dist.support) @ dist.support.T
-    return m, s, Wp
+    return m, s, _onto_support(W, dist)
+
+
+def _onto_support(W: np.ndarray, dist: Gaussian) -> np.ndarray:
+    """Rows of ``W [h, d]`` projected onto the support (``W`` itself when the support is all of R^d)."""
+    if dist.rank == dist.d:
+        return W.copy()
+    return (W @ dist.support) @ dist.support.T
 
 
 def fit_ridge(network: Network, dist: Gaussian, degree: int) -> RidgePolynomial:
@@ -58,7 +64,7 @@ def fit_ridge(network: Network, dist: Gaussian, degree: int) -> RidgePolynomial:
         alpha = network.V @ dist.mean + network.c
         cov_gy = np.einsum("hr,hr->h", network.V @ dist.factor, network.W @ dist.factor)
         beta = np.where(s > 0, cov_gy / safe**2, 0.0)
-        Vp = (network.V @ dist.support) @ dist.support.T
+        Vp = _onto_support(network.V, dist)
         G = Vp - beta[:, None] * Wp
         c = hermite_coefficients(network.act, m, s, n + 1)  # [h, n+2]
         k = np.arange(n + 1)
