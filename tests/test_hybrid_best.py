@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 import mlpinterp as mi
-from mlpinterp.ffn.config import HybridConfig
-from mlpinterp.ffn.hybrid import finetune
-from mlpinterp.ffn.readout import Readout, RidgeBasis
+from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.readout import Readout, RidgeBasis
+from mlpinterp.poly.readout_finetune import finetune
 
 
 def _fvu(net, ro, X):

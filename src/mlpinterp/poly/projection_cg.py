@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.networks import Network
+from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.utils.validation import check_int, to_numpy
 
 
