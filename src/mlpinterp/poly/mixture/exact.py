@@ -96,7 +96,7 @@ def fit_mixture(
     warm_start=None,
     residual_tol: float = 1e-4,
     device=None,
-    dtype=None,
+    dtype="auto",
     progress: bool = False,
 ) -> DensePolynomial:
     """Exact least-squares approximant of degree ``degree`` of ``network`` under a Gaussian ``mixture``.
@@ -131,7 +131,7 @@ def fit_mixture(
         (``solver_info["canonical"]`` is then False on a singular operator).
     residual_tol : largest true relative residual accepted with the excess-FVU stop (default 1e-4).
     device : torch device for the CG path (default: CUDA when available, else CPU).
-    dtype : ``torch.float64`` (default), ``torch.float32``: float32 operator applications inside CG, float64
+    dtype : ``"auto"`` (default), ``torch.float64``, ``torch.float32``: float32 operator applications inside CG, float64
         true residuals and iterative refinement outside (the same stopping rules, checked in float64; float64
         sweeps once float32 ones stall, ``solver_info["fallback"]``);
         ``torch.bfloat16``: the operator's GEMMs in bfloat16 (float32 accumulation) inside CG, float32 updates
@@ -139,9 +139,12 @@ def fit_mixture(
         ones stall (``solver_info["fallback"]``, a list of the switches),
         convergence always decided on the float64 residual ``rhs - M theta``. On an operator that is not provably
         non-singular the bfloat16 answer is optimal on the components' supports but not the documented solution
-        off them (``solver_info["canonical"]`` False). ``"auto"``: bfloat16 on a CPU with fast bfloat16 GEMMs
-        (``cpu_has_fast_bfloat16``) when the operator is non-singular, else float32 (``solver_info["dtype"]`` says
-        which).
+        off them (``solver_info["canonical"]`` False). ``"auto"`` picks only precisions whose answer is proven to be
+        the documented one: bfloat16 on a CPU with fast bfloat16 GEMMs (``cpu_has_fast_bfloat16``) when the operator
+        is non-singular, float32 on a non-singular operator otherwise, and float64 on an operator that is not
+        provably non-singular (there float32 sweeps stall and fall back: slower than float64 on MNIST's class
+        covariances, ``docs/measurements.md``). ``solver_info["dtype"]`` says which precision ran and
+        ``solver_info["dtype_reason"]`` why.
     progress : show a progress bar over CG iterations (``mlpinterp.utils.progress``).
 
     Returns
@@ -274,9 +277,15 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
     requested = dtype
+    reason = "requested"
     if dtype == "auto":
         fast = dev.type == "cpu" and cpu_has_fast_bfloat16()
-        dtype = torch.bfloat16 if fast and op64.structure == "nonsingular" else torch.float32
+        if op64.structure != "nonsingular":
+            dtype, reason = torch.float64, f"auto: the operator is {op64.structure} (bfloat16 would not be canonical)"
+        elif fast:
+            dtype, reason = torch.bfloat16, "auto: non-singular operator, fast bfloat16 GEMMs on this CPU"
+        else:
+            dtype, reason = torch.float32, "auto: non-singular operator, no fast bfloat16 GEMMs on this device"
     inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
     fallback = _operator(mixture, coords, preconditioner, dev, torch.float32) if dtype == torch.bfloat16 else None
     ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
@@ -352,6 +361,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
         start != "warm" or warm_start._cg_state.get("canonical", True)))
     sinfo.update(method="pcg", preconditioner=preconditioner, init=start, device=str(dev),
                  dtype=str(dtype).replace("torch.", ""), dtype_requested=str(requested).replace("torch.", ""),
+                 dtype_reason=reason,
                  operator_structure=structure,
                  null_directions_found=op64.null_directions, canonical=canonical,
                  operator_applications=sum(op.n_apply - n for op, n in zip(ops, n_apply, strict=True)),
