@@ -56,7 +56,8 @@ class PolynomialReproConfig:
     mixture_cg_dtype: str = "auto"
     """Precision of the CG operator for the mixture quadratic when the dense solve does not fit (MNIST):
     ``auto`` (bfloat16 GEMMs on a CPU with fast bfloat16 when the class covariances have full rank, e.g.
-    Ledoit-Wolf; float32 otherwise), ``bfloat16``, ``float32`` (float64 residuals and refinement, the same
+    Ledoit-Wolf; float32 on full-rank classes without fast bfloat16; float64 when the operator is not provably
+    non-singular, e.g. empirical classes), ``bfloat16``, ``float32`` (float64 residuals and refinement, the same
     stopping rule, decided in float64, for each) or ``float64``."""
     max_image_side: int | None = None
     """Average-pool the images to at most this many pixels per side before anything else (``None``: full size)."""
