@@ -66,6 +66,7 @@ class _Step:
         self.thread.join()
         self.record[self.name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                                   "peak_rss_gb": round(max(self.peak, _rss()) / 1e9, 2)}
+        print(json.dumps({"step": self.name, **self.record[self.name]}), file=sys.stderr, flush=True)  # progress
 
 
 def _block(kind: str, d: int, h: int):
@@ -153,10 +154,9 @@ def main() -> None:
     for width in a.widths:
         for kind in a.blocks:
             out = subprocess.run([sys.executable, __file__, "--one", width, kind, "--mc-samples", str(a.mc_samples)],
-                                 capture_output=True, text=True)
+                                 stdout=subprocess.PIPE, text=True)  # per-step progress goes to stderr as it comes
             if out.returncode != 0:
-                print(json.dumps({"width": width, "block": kind, "error": out.stderr.strip().splitlines()[-1:]}),
-                      flush=True)
+                print(json.dumps({"width": width, "block": kind, "error": f"exit status {out.returncode}"}), flush=True)
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
