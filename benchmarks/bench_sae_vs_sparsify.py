@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--saelens", action="store_true")
-    p.add_argument("--only", nargs="*", default=None)
+    p.add_argument("--only", nargs="*", default=None, help="run only these of the base implementations (variants always run)")
     p.add_argument("--build-only", action="store_true")
     p.add_argument("--text-dir", type=Path, default=None, help="corpora (default: the bundled ../shared/data/text)")
     p.add_argument("--out", type=Path, default=None)
@@ -213,7 +213,7 @@ def main() -> None:
     results = []
     for seed in a.seeds:
         for name, fn in runs.items():
-            if a.only and name not in a.only:
+            if a.only is not None and name not in a.only and not name.startswith("ours-new:"):
                 continue
             r = {"impl": name, "seed": seed, **fn(seed)}
             results.append(r)

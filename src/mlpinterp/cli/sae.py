@@ -261,7 +261,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         hook_point: str = typer.Option("", help="Hook point (default: the one the SAE records)."),
         allow_hook_mismatch: bool = typer.Option(False, help="Evaluate at another hook point/model than the SAE "
                                                  "records anyway (warns)."),
-        eval_chunks: int = typer.Option(32, min=1, help="Held-out text chunks."),
+        eval_chunks: int = typer.Option(400, min=1, help="Held-out text chunks (400 of 128 tokens: 50,400 content "
+                                        "tokens, enough for the density metrics at a 1/50,000 resolution)."),
         ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
         text_dir: Path = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are used."),
         out: Path = typer.Option(None, help="Write the metrics to this JSON file (default: print them)."),
