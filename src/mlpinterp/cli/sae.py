@@ -225,9 +225,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 from mlpinterp.sae.evaluate import evaluate_sae
 
                 ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
-                results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
-                                                              special_ids=tok.all_special_ids)}
-                           for i, sae in zip(trainer.owned, trainer.saes, strict=True)]
+                with trainer.averaged() as saes:  # the weights that were saved
+                    results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
+                                                                  special_ids=tok.all_special_ids)}
+                               for i, sae in zip(trainer.owned, saes, strict=True)]
                 from mlpinterp.utils.io import atomic_write_json
 
                 atomic_write_json(out / "metrics.json", {

@@ -133,10 +133,10 @@ class SyntheticExperiment(MfrRuns):
 
 
 def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
-    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x``."""
+    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x`` (at the weights that are saved)."""
     fvus, rates, l0s = [], [], []
-    with torch.no_grad():
-        for sae in trainer.saes:
+    with torch.no_grad(), trainer.averaged() as saes:
+        for sae in saes:
             out = sae(x.to(sae.device, sae.dtype))
             fvus.append(float(out.fvu))
             rates.append((firing_counts(out.latent_acts, out.latent_indices, sae.cfg.d_sae).double()

@@ -121,8 +121,10 @@ class _TopKEncode(torch.autograd.Function):
         pre = torch.addmm(bias, x, weight.t())
         vals, idx = pre.topk(k, dim=-1, sorted=False)
         acts = vals.clamp_min(0.0)
-        if dead is not None:
-            aux_vals, aux_idx = pre.masked_fill(~dead, -torch.inf).topk(k_aux, dim=-1, sorted=False)
+        if dead is not None:  # the k_aux largest among the dead columns only (cheap when few latents are dead)
+            dead_idx = dead.nonzero().squeeze(1)
+            aux_vals, j = pre.index_select(1, dead_idx).topk(k_aux, dim=-1, sorted=False)
+            aux_idx = dead_idx[j]
         else:
             aux_vals, aux_idx = vals[:, :0], idx[:, :0]
         aux_acts = aux_vals.clamp_min(0.0)
