@@ -98,7 +98,7 @@ def test_dead_latents_keep_the_sparse_backward(monkeypatch):
     seen = []
     orig = _TopKEncode.backward
 
-    def spy(ctx, g_acts, g_idx, g_pre, g_aux, g_aux_idx):
+    def spy(ctx, g_acts, g_idx, g_pre, g_aux, g_aux_idx):  # noqa: PLR0913
         seen.append(g_pre)
         return orig(ctx, g_acts, g_idx, g_pre, g_aux, g_aux_idx)
 
