@@ -18,7 +18,8 @@ Feature-Aligned Sparse Autoencoders", arXiv 2411.01220, sec. 3).
 Optimiser (``optimizer``): ``"signum_schedulefree"`` (default; :class:`mlpinterp.sae.optim.ScheduleFreeSignum`,
 EleutherAI sparsify's default recipe, lr ``5e-3 / sqrt(d_sae / 2**14)``) or ``"adam"`` (constant lr
 ``2e-4 / sqrt(d_sae / 2**14)``, Gao et al. 2024). With the schedule-free optimiser the parameters hold the training
-point during training; SAEs are saved and should be evaluated at the average, inside :meth:`MfrTrainer.averaged`.
+point during training, renormalised before each forward (sparsify's order); SAEs are saved and should be evaluated
+at the average, inside :meth:`MfrTrainer.averaged`. With Adam the decoder is renormalised after each step.
 
 Input normalisation (``normalize_activations="expected_average_only_in"``, SAELens's name for it): before the
 first step the trainer estimates ``s = sqrt(d_in) / E||x||`` from the first ``norm_batches`` batches
@@ -548,6 +549,11 @@ class MfrTrainer:
         ddp = self.dist.mode == "ddp"
         world = self.dist.world if ddp else 1
         reduce = _sum_ranks if ddp else None
+        if cfg.sae.normalize_decoder and cfg.optimizer == "signum_schedulefree":
+            # sparsify's order: the training point is renormalised before each forward and not after the last
+            # step, so the saved average is the one sparsify evaluates (its decoder rows are near, not at, unit norm)
+            for sae in self.saes:
+                sae.set_decoder_norm_to_unit_norm()
         if self._bias_pending:
             with torch.no_grad():
                 total = torch.cat([x.sum(0).double(),
@@ -592,7 +598,7 @@ class MfrTrainer:
             if cfg.sae.normalize_decoder:
                 sae.remove_gradient_parallel_to_decoder_directions()
             opt.step()
-            if cfg.sae.normalize_decoder:
+            if cfg.sae.normalize_decoder and cfg.optimizer == "adam":
                 sae.set_decoder_norm_to_unit_norm()
         # firing statistics
         c = torch.stack([cc.cpu() for cc in counts])
