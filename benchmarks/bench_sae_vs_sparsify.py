@@ -192,7 +192,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     from mlpinterp.sae.cached import read_activations
-    from mlpinterp.utils.io import tensors_path
+    from mlpinterp.utils.artifact import tensors_path
 
     if not tensors_path(a.cache).exists():
         t0, c0 = time.perf_counter(), time.process_time()

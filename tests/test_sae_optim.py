@@ -1,5 +1,6 @@
 """Schedule-free Signum against the reference schedule-free wrapper (``schedulefree.ScheduleFreeWrapper``) around a
-plain sign-SGD step, on the same gradients, with in-place parameter changes between steps."""
+plain sign-SGD step, on the same gradients, with in-place parameter changes between steps (equal to float32
+rounding: the reference accumulates its weights lr**2 in a sum, ours takes 1 / (t + 1))."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def test_equals_schedulefree_wrapper_step_by_step():
             if step % 3 == 2:  # an in-place change between steps, as decoder renormalisation
                 with torch.no_grad():
                     ps[0].div_(ps[0].norm(dim=1, keepdim=True))
-        for a, b in zip(ours, ref, strict=True):
-            assert torch.equal(a, b), f"training point differs at step {step}"
+        for a, b in zip(ours, ref, strict=True):  # uniform weights 1/(t+1) vs lr^2 / (summed lr^2): float rounding
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"training point differs at step {step}")
     y = [p.detach().clone() for p in ours]
     wrap.eval()
     with opt.averaged():

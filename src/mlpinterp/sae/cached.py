@@ -2,13 +2,14 @@
 
 Format: one safetensors file with a ``train`` tensor ``[n, d_in]`` (any floating dtype; read as float32) and
 optionally a ``test`` tensor ``[n_test, d_in]`` held out for evaluation. Any other tensor is ignored; the
-sibling ``.json`` (if present, :func:`mlpinterp.utils.io.save_tensors`) may record ``model_name`` and
-``hook_point``, which are copied into the SAEs trained on the file. :func:`write_activations` writes it,
+safetensors header's ``__metadata__`` may record ``model_name`` and ``hook_point`` (strings), which are copied into
+the SAEs trained on the file. It is a user's input (written by any program), so it is checked, not hash-verified. :func:`write_activations` writes it,
 :func:`read_activations` reads and checks it, :func:`shuffled_batches` draws the training batches.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mlpinterp.utils.io import load_tensors, save_tensors
+from mlpinterp.utils.artifact import read_safetensors
+from mlpinterp.utils.io import atomic_replace
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def read_activations(path: str | os.PathLike) -> ActivationFile:
         floating-point rank-2 tensor with at least 2 rows and the same width (the message names the tensor).
     """
     path = Path(path)
-    tensors, meta = load_tensors(path, what="activations file")
+    tensors, meta = read_safetensors(path, what="activations file")
     where = f"activations file {str(path)!r}"
     if "train" not in tensors:
         raise ValueError(f"{where} has no 'train' tensor (it holds {sorted(tensors)}); it must hold 'train' "
@@ -85,7 +87,7 @@ def read_activations(path: str | os.PathLike) -> ActivationFile:
 def write_activations(path: str | os.PathLike, train: Tensor, test: Tensor | None = None, *,
                       model_name: str | None = None, hook_point: str | None = None, **meta) -> Path:
     """Write ``train [n, d_in]`` (and ``test``) to ``path`` in the format of the module docstring, atomically,
-    with ``model_name``, ``hook_point`` and ``meta`` in the sibling ``.json``. Returns the safetensors path.
+    with ``model_name``, ``hook_point`` and ``meta`` (JSON values, stored as strings) in the header. Returns ``path``.
 
     Raises ``ValueError`` for tensors :func:`read_activations` would refuse.
     """
@@ -93,7 +95,14 @@ def write_activations(path: str | os.PathLike, train: Tensor, test: Tensor | Non
     tensors = {"train": _check_matrix(train, "train", where)}
     if test is not None:
         tensors["test"] = _check_matrix(test, "test", where, train.shape[1])
-    return save_tensors(path, tensors, {"model_name": model_name, "hook_point": hook_point, **meta})
+    from safetensors.torch import save_file
+
+    header = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    header.update({k: v for k, v in (("model_name", model_name), ("hook_point", hook_point)) if v})
+    flat = {k: v.contiguous().cpu() for k, v in tensors.items()}
+    path = Path(path)
+    atomic_replace(path, lambda tmp: save_file(flat, tmp, metadata=header))
+    return path
 
 
 def shuffled_batches(x: Tensor, batch_size: int, seed: int = 0) -> Iterator[Tensor]:

@@ -5,15 +5,16 @@ With momentum ``beta``, a base sequence ``z``, the average ``x`` and the gradien
 during training)::
 
     z_{t+1} = z_t - lr * sign(grad f(y_t))
-    x_{t+1} = (1 - c_{t+1}) x_t + c_{t+1} z_{t+1},   c_{t+1} = w_{t+1} / sum_{i <= t+1} w_i,  w = lr_max**2
+    x_{t+1} = (1 - c_{t+1}) x_t + c_{t+1} z_{t+1},   c_{t+1} = 1 / (t + 1)
     y_{t+1} = (1 - beta) z_{t+1} + beta x_{t+1}
 
-The arithmetic is the same, operation for operation, as ``schedulefree.ScheduleFreeWrapper(SignSGD(...),
-momentum=beta)`` (``weight_lr_power=2``, ``r=0``; sparsify wraps its ``SignSGD`` so): ``x`` is not stored but
-recovered from ``y`` and ``z`` (``x = y + (1 - 1/beta)(z - y)``), so an in-place change of the parameters between
-steps (decoder renormalisation) changes ``x`` as it does there. Unlike the wrapper, every piece of state (``z``,
-the step count, the weight sum, ``lr_max``) is per-parameter optimizer state, so ``optimizer.state`` alone resumes
-a run, and the averaged weights are read without leaving train mode (:meth:`ScheduleFreeSignum.averaged`).
+The arithmetic is that of ``schedulefree.ScheduleFreeWrapper(SignSGD(...), momentum=beta)`` (sparsify wraps its
+``SignSGD`` so) with a constant learning rate, whose weights ``lr**2 / sum lr**2`` are the uniform ``1 / (t + 1)``
+(equal to float rounding; tested): ``x`` is not stored but recovered from ``y`` and ``z``
+(``x = y + (1 - 1/beta)(z - y)``), so an in-place change of the parameters between steps (decoder
+renormalisation) changes ``x`` as it does there. Unlike the wrapper, the whole state is per-parameter (``z`` and
+the step count), so ``optimizer.state`` alone resumes a run, and the averaged weights are read without leaving
+train mode (:meth:`ScheduleFreeSignum.averaged`). A learning rate changed during a run keeps the uniform weights.
 """
 
 from __future__ import annotations
@@ -52,18 +53,12 @@ class ScheduleFreeSignum(Optimizer):
                 if "z" not in st:
                     st["z"] = p.detach().clone()
                     st["step"] = torch.zeros((), dtype=torch.float64)
-                    st["weight_sum"] = torch.zeros((), dtype=torch.float64)
-                    st["lr_max"] = torch.zeros((), dtype=torch.float64)
                 z = st["z"]
                 p.lerp_(end=z, weight=1 - 1 / beta)  # y -> x
                 z.add_(p.grad.sign(), alpha=-lr)
-                lr_max = max(lr, float(st["lr_max"]))
-                st["lr_max"].fill_(lr_max)
-                weight = lr_max ** 2
-                st["weight_sum"].add_(weight)
-                p.lerp_(end=z, weight=weight / float(st["weight_sum"]))  # x_{t+1}
-                p.lerp_(end=z, weight=1 - beta)  # y_{t+1}
                 st["step"].add_(1)
+                p.lerp_(end=z, weight=1.0 / float(st["step"]))  # x_{t+1}
+                p.lerp_(end=z, weight=1 - beta)  # y_{t+1}
         return None
 
     @contextmanager
