@@ -58,7 +58,7 @@ def test_synthetic_report_is_honest_about_a_tiny_quick_run(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "nan" not in report.lower()
     assert "(n = 1)" in report and "±" not in report.split("## Verdict")[0].split("per-seed values")[1]
-    assert "quick run: not a reproduction" in report and "cubed_relative_deviation" in report
+    assert "quick run: not a reproduction" in report and "mean_relative_deviation" in report and "Re-initialisations in this run: 0 in" in report
     assert "## SAEBench core metrics" in report and "explained_variance" in report
     html = (tmp_path / "report.html").read_text()
     assert html.count("<img") == 1 and 'src="data:image/png;base64,' in html  # the figure, embedded

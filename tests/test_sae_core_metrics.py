@@ -44,7 +44,12 @@ def _hand(sae: TopKSae, x: torch.Tensor) -> dict:
         u = rows / np.linalg.norm(rows, axis=1, keepdims=True)
         return np.mean([max(u[j] @ u[i] for i in range(len(u)) if i != j) for j in range(len(u))])
 
+    # SAEBench 0.6.0's lines, one batch: E||x||^2 - (mean over tokens and dimensions of x^2)^2 as total variance
+    literal = 1 - np.mean([((xo[t] - xh[t]) ** 2).sum() for t in range(n)]) / (
+        np.mean([(xo[t] ** 2).sum() for t in range(n)]) - np.mean([[xo[t, i] ** 2 for i in range(d)]
+                                                                     for t in range(n)]) ** 2)
     return {
+        "explained_variance_saebench_literal": literal,
         "explained_variance": ev, "mse": np.mean([((xo[t] - xh[t]) ** 2).sum() for t in range(n)]), "cossim": cos,
         "l2_norm_in": np.mean(np.linalg.norm(xo, axis=1)), "l2_norm_out": np.mean(np.linalg.norm(xh, axis=1)),
         "l2_ratio": np.mean(np.linalg.norm(xh, axis=1) / np.linalg.norm(xo, axis=1)),
@@ -72,6 +77,26 @@ def test_core_metrics_match_a_hand_computation(input_scale):
     one_batch = core_metrics(sae, x, batch_size=4096)
     for cat in got:
         assert one_batch[cat] == pytest.approx(got[cat], rel=1e-9), cat
+
+
+def test_saebench_literal_explained_variance_over_equal_batches():
+    """SAEBench's batched code, transcribed: per batch ``mean_sum_of_squares`` and ``mean_act_per_dimension``
+    (``x.pow(2).mean(0)``), concatenated and averaged, then ``1 - mean resid / (mss - mapd^2)``; on equal batches it
+    equals the pooled value core_metrics reports, and differs from the conventional one when E[x] != 0."""
+    sae = _sae()
+    x = 3 * torch.randn(240, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) + 1.5
+    mss, mapd, resid = [], [], []
+    for s in range(0, 240, 60):
+        xb = x[s:s + 60]
+        xh = sae(xb).sae_out.detach()
+        mss.append(xb.pow(2).sum(-1).mean(0).reshape(1))
+        mapd.append(xb.pow(2).mean(0))
+        resid.append((xb - xh).pow(2).sum(-1).mean(0).reshape(1))
+    total = torch.cat(mss).mean() - torch.cat(mapd).mean() ** 2
+    want = float(1 - torch.cat(resid).mean() / total)
+    got = core_metrics(sae, x)["reconstruction_quality"]
+    assert got["explained_variance_saebench_literal"] == pytest.approx(want, rel=1e-12)
+    assert abs(got["explained_variance_saebench_literal"] - got["explained_variance"]) > 1e-3
 
 
 def test_core_metrics_of_the_identity_sae():

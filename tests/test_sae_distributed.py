@@ -20,7 +20,7 @@ STEPS = 6
 def _cfg() -> MfrConfig:
     # reinit with a tiny window and a low threshold so that re-initialisations happen during the run
     # input normalisation on: the scale is estimated from the global batch (all-reduced in ddp mode)
-    return MfrConfig(sae=SaeConfig(d_sae=24, k=3, tied=False), n_saes=2, lr=1e-2, warmup_steps=2,
+    return MfrConfig(sae=SaeConfig(d_sae=24, k=3, tied=False), n_saes=2, optimizer="adam", lr=1e-2, warmup_steps=2,
                      inactivity_window=2, inactivity_threshold=0.2, dead_after_samples=32, seed=0,
                      normalize_activations="expected_average_only_in")
 

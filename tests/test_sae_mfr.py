@@ -16,6 +16,7 @@ from mlpinterp.sae.mfr import (
     MfrConfig,
     MfrTrainer,
     cubed_relative_deviation,
+    mean_relative_deviation,
     mfr_penalty,
     should_reinit,
 )
@@ -68,8 +69,39 @@ def test_cubed_relative_deviation_by_hand_and_reinit_rule():
     assert should_reinit(0.5000001, 0.5) and not should_reinit(0.5, 0.5) and not should_reinit(float("nan"), 0)
 
 
+@pytest.mark.parametrize(("counts", "n", "k", "want"), [
+    ([9] * 10, 45, 2, 0.0),  # every latent at the uniform rate k/N
+    ([0, 0, 0] + [20] * 7, 70, 2, 0.6),  # 30 % dead, the rest uniform: 0.3 * 1 + 7 * |1/0.7 - 1| / 10 = 2 * 0.3
+    ([90] + [10] * 9, 90, 2, 0.8),  # one latent on every sample: (|5 - 1| + 9 |5/9 - 1|) / 10 = 2 (N - k) / (k N)
+    ([0] * 10, 50, 2, 1.0),  # all dead
+])
+def test_mean_relative_deviation_by_hand(counts, n, k, want):
+    """The paper's measure (mean deviation of the activation frequency from the uniform k/N, relative to it) on
+    planted frequency vectors; the cubed measure ranks the hyperactive vector far above the dead one."""
+    assert mean_relative_deviation(torch.tensor(counts), n, k) == pytest.approx(want, abs=1e-12)
+    if want == 0.6:
+        assert cubed_relative_deviation(torch.tensor(counts), n, k) == pytest.approx(0.3 + 0.7 * (3 / 7) ** 3)
+
+
+def test_paper_default_reinitialises_a_planted_inactive_cluster_and_not_a_healthy_sae():
+    """Defaults (the paper's measure, threshold 1, no AuxK): 19 of SAE 0's 32 latents can never fire (measure about 2 * 19 / 32
+    in its first window) and it is re-initialised at the first check, once; SAE 1, trained normally on the same
+    batches, never is."""
+    cfg = MfrConfig(sae=SaeConfig(d_sae=32, k=3, tied=True), n_saes=2, penalty=False, reinit=True, auxk_alpha=0.0,
+                    inactivity_window=4, seed=0)
+    assert (cfg.inactivity_measure, cfg.inactivity_threshold) == ("mean_relative_deviation", 1.0)
+    tr = MfrTrainer(12, cfg)
+    with torch.no_grad():
+        tr.saes[0].encoder.bias[:19] = -1e3
+    tr.fit(_data().stream(64), 40, quiet=True)
+    assert tr.n_reinits == [1, 0]
+    assert [(e["step"], e["sae"]) for e in tr.reinit_events] == [(4, 0)] and tr.reinit_events[0]["measure"] > 1.1
+    healthy = [c["measure"] for c in tr.checks if c["sae"] == 1]
+    assert len(healthy) == 10 and max(healthy) < 1.0
+
+
 def _tiny_cfg(**kw) -> MfrConfig:
-    base = dict(sae=SaeConfig(d_sae=32, k=3, tied=True), n_saes=2, lr=3e-3, warmup_steps=5, inactivity_window=4,
+    base = dict(sae=SaeConfig(d_sae=32, k=3, tied=True), n_saes=2, optimizer="adam", lr=3e-3, warmup_steps=5, inactivity_window=4,
                 dead_after_samples=64, seed=0)
     base.update(kw)
     return MfrConfig(**base)

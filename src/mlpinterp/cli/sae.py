@@ -65,8 +65,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                                     "the paper's Table 2) | gpt2 (mid-depth residual stream; weights on disk)"),
         model: str = typer.Option("", help="--setting lm: a train-lm output directory or 'gpt2' (weights on disk; "
                                   "default gpt2)."),
-        k: list[str] = typer.Option(["6", "12", "18", "24", "30"], help="TopK k values: --k 6 12 18 24 30"),
-        seeds: int = typer.Option(3, min=1, help="Seeds per (k, condition)."),
+        k: list[str] = typer.Option([], help="TopK k values: --k 6 12 18 24 30 (default: the setting's; "
+                                    "--quick: fewer)"),
+        seeds: int = typer.Option(0, min=0, help="Seeds per (k, condition) (0: the setting's default)."),
         out: Path = typer.Option(Path("runs/mfr"), help="Output directory (resumable)."),
         quick: bool = typer.Option(False, help="Small budget (minutes on a CPU)."),
         quiet: bool = typer.Option(False, help="No progress bars."),
@@ -88,7 +89,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                                                 "mfr_alpha<a>; repeat for several; a negative value: none."),
         threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads (1 is fastest on a shared CPU)."),
         inactivity_threshold: float = typer.Option(-1.0, help="Re-initialise an SAE whose inactivity measure exceeds "
-                                                   "this (negative: the setting's default, 0.5 synthetic, 50 minilm)."),
+                                                   "this (negative: the setting's default, 1, the paper's)."),
     ) -> None:
         """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
         import torch
@@ -96,8 +97,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.experiments import mfr as exp_mod
 
         torch.set_num_threads(threads)
-        ks = _k_values(k, ctx.args)
-        kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
+        kw = {**({"k_values": _k_values(k, ctx.args)} if k or ctx.args else {}),
+              **({"seeds": seeds} if seeds else {}), "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
               "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
               **({"steps": steps} if steps else {}),
               **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
@@ -174,12 +175,18 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="torch device."),
         quiet: bool = typer.Option(False, help="No progress bar."),
         threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)."),
+        activations: Path = typer.Option(None, help="Train one SAE on activations on disk instead of a model: a "
+                                         "safetensors file with 'train' [n, d_in] and optionally 'test' (metrics)."),
+        tokens: int = typer.Option(0, min=0, help="Training activations (0: --steps x --batch-size)."),
     ) -> None:
-        """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT; resumes from OUT."""
+        """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT (or of --activations FILE); resumes from OUT."""
         import torch
 
         if threads:
             torch.set_num_threads(threads)
+        if activations is not None:
+            _train_on_file(activations, out, d_sae, k, tokens or steps * batch_size, batch_size, seed, quiet)
+            return
         if autocast not in ("none", "bf16"):
             raise typer.BadParameter(f"--autocast must be 'none' or 'bf16', got {autocast!r}")
         from mlpinterp.lm.models import canonical_model_name, load_model
@@ -218,9 +225,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 from mlpinterp.sae.evaluate import evaluate_sae
 
                 ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
-                results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
-                                                              special_ids=tok.all_special_ids)}
-                           for i, sae in zip(trainer.owned, trainer.saes, strict=True)]
+                with trainer.averaged() as saes:  # the weights that were saved
+                    results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
+                                                                  special_ids=tok.all_special_ids)}
+                               for i, sae in zip(trainer.owned, saes, strict=True)]
                 from mlpinterp.utils.io import atomic_write_json
 
                 atomic_write_json(out / "metrics.json", {
@@ -231,6 +239,21 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
                 typer.echo(f"SAEBench core metrics of {len(results)} SAE(s) on {int(ids.shape[0])} held-out chunks "
                            f"-> {out / 'metrics.json'} (explained variance {', '.join(f'{v:.3f}' for v in ev)})")
 
+    def _train_on_file(path: Path, out: Path, d_sae: int, k: int, tokens: int, batch_size: int, seed: int,
+                       quiet: bool) -> None:
+        """``sae train --activations FILE``: one SAE with the default recipe (:func:`train_on_activations`)."""
+        from mlpinterp.sae.train import train_on_activations
+
+        fix = ("pass a safetensors file with a finite floating-point 'train' tensor [n, d_in] (and optionally 'test' "
+               "[n_test, d_in]), e.g. written by mlpinterp.sae.cached.write_activations")
+        with expected_errors(fix):
+            _, metrics = train_on_activations(path, out, d_sae=d_sae, k=k, tokens=tokens, batch_size=batch_size,
+                                              seed=seed, quiet=quiet)
+        core = metrics["saebench_core"]
+        ev = f"; held-out explained variance {core[0]['reconstruction_quality']['explained_variance']:.4f} on " \
+             f"{metrics['n_test']} test activations" if core else ""
+        typer.echo(f"saved the SAE under {out / 'sae_0'} ({metrics['steps']} steps, {metrics['tokens']} tokens){ev}")
+
     @sae_app.command("eval")
     def evaluate(
         sae_dir: Path = typer.Argument(..., help="Directory holding cfg.json + the .safetensors (ours, sparsify's "
@@ -239,7 +262,8 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         hook_point: str = typer.Option("", help="Hook point (default: the one the SAE records)."),
         allow_hook_mismatch: bool = typer.Option(False, help="Evaluate at another hook point/model than the SAE "
                                                  "records anyway (warns)."),
-        eval_chunks: int = typer.Option(32, min=1, help="Held-out text chunks."),
+        eval_chunks: int = typer.Option(400, min=1, help="Held-out text chunks (400 of 128 tokens: 50,400 content "
+                                        "tokens, enough for the density metrics at a 1/50,000 resolution)."),
         ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
         text_dir: Path = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are used."),
         out: Path = typer.Option(None, help="Write the metrics to this JSON file (default: print them)."),

@@ -88,6 +88,18 @@ class MfrRuns:
     extra_alphas: tuple[float, ...] = (0.1,)
     """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
 
+    optimizer: str = "adam"
+    """SAE optimiser (:class:`MfrConfig` ``optimizer``); Adam, as the paper."""
+
+    auxk_alpha: float = 0.0
+    """Weight of the AuxK loss; 0, as the paper's SAEs (AuxK revives the dead latents re-initialisation acts on)."""
+
+    inactivity_measure: str = "mean_relative_deviation"
+    """Inactivity measure (:data:`mlpinterp.sae.mfr.INACTIVITY_MEASURES`): the paper's example by default."""
+
+    inactivity_threshold: float = 1.0
+    """Re-initialise an SAE whose measure exceeds this (the paper's threshold for its measure)."""
+
 
 @dataclass(frozen=True)
 class SyntheticExperiment(MfrRuns):
@@ -108,10 +120,6 @@ class SyntheticExperiment(MfrRuns):
     tied: bool = True
     """Tied decoder (the paper's setting)."""
 
-    inactivity_threshold: float = 0.5
-    """Re-initialise above this cubed relative deviation (about 35 % dead latents with the rest uniform;
-    healthy SAEs on this data measure 0.10-0.27 in their first window, 0.03-0.09 later)."""
-
     reinit_until_frac: float = 0.5
     """No re-initialisation in the second half of training."""
 
@@ -120,15 +128,15 @@ class SyntheticExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> SyntheticExperiment:
-        """Small budget: 500 steps of 512 samples."""
-        return cls(**{"steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
+        """A pipeline check within minutes on a CPU: k = 6, 2 seeds, 400 steps of 512 samples."""
+        return cls(**{"k_values": (6,), "seeds": 2, "steps": 400, "batch_size": 512, "eval_samples": 4096, **kw})
 
 
 def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
-    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x``."""
+    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x`` (at the weights that are saved)."""
     fvus, rates, l0s = [], [], []
-    with torch.no_grad():
-        for sae in trainer.saes:
+    with torch.no_grad(), trainer.averaged() as saes:
+        for sae in saes:
             out = sae(x.to(sae.device, sae.dtype))
             fvus.append(float(out.fvu))
             rates.append((firing_counts(out.latent_acts, out.latent_indices, sae.cfg.d_sae).double()
@@ -165,7 +173,8 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
                     continue
                 cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k, tied=exp.tied), n_saes=exp.n_saes,
                                 penalty=penalty, reinit=reinit, inactivity_threshold=exp.inactivity_threshold,
-                                alpha=alpha,
+                                alpha=alpha, optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                                inactivity_measure=exp.inactivity_measure,
                                 reinit_until=int(exp.steps * exp.reinit_until_frac), seed=1000 + seed)
                 trainer = MfrTrainer(256, cfg, device=device)
                 trainer.load_checkpoint(run_dir)
@@ -479,11 +488,16 @@ def _reinit_text(metrics: dict) -> str:
     fired = sum(int(r.get("n_reinits", 0)) for r in runs)
     maxes = [r["max_inactivity"] for r in runs if "max_inactivity" in r and np.isfinite(r["max_inactivity"])]
     mx = f"; the largest measure seen in any check was {max(maxes):.3g}" if maxes else ""
-    return (f"Every 100 steps each SAE's firing rates r_j over the window are scored by "
-            f"`cubed_relative_deviation` = mean_j |r_j / (k / d_sae) - 1|^3 (0 = uniform use, 1 = all dead) and the "
-            f"SAE is re-initialised when it exceeds {exp.get('inactivity_threshold', '—')} (during the first half "
-            f"of training). The paper's Figure 8 measures the deviation from the same uniform frequency k/N with a "
-            f"threshold of 1. Re-initialisations in this run: {fired}{mx}.")
+    measure = exp.get("inactivity_measure", "cubed_relative_deviation")
+    formula = {"mean_relative_deviation": "mean_j |r_j / (k / d_sae) - 1| (the paper's example measure: 0 = uniform "
+               "use, 1 = all dead, 2 f for a fraction f of dead latents with the rest uniform)",
+               "cubed_relative_deviation": "mean_j |r_j / (k / d_sae) - 1|^3 (0 = uniform use, 1 = all dead)"}
+    per_run = sorted({int(r.get("n_reinits", 0)) for r in runs})
+    return (f"Every 100 steps each SAE's firing rates r_j after TopK over the window are scored by `{measure}` = "
+            f"{formula.get(measure, measure)} and the SAE is re-initialised when it exceeds "
+            f"{exp.get('inactivity_threshold', '—')} (during the first half of training; the paper, sec. 3.3, uses "
+            f"threshold 1 for its measure). Re-initialisations in this run: {fired} in {len(runs)} runs (per run: "
+            f"{', '.join(map(str, per_run)) or '—'}){mx}.")
 
 
 def _fmt(e: dict, fmt: str = ".4f") -> str:
@@ -531,17 +545,11 @@ class MinilmExperiment(MfrRuns):
     rematch_every: int = 10
     """Hungarian re-matching period (steps)."""
 
-    inactivity_threshold: float = 50.0
-    """Re-initialise above this cubed relative deviation. Real activations fire far less uniformly than the
-    synthetic data: healthy SAEs measured 2-22 on MiniLM layer 3 (k 6-12, 300 steps), so 50 only catches
-    outliers (the synthetic default 0.5 is likewise far above healthy values: 0.03-0.09 after the first
-    window)."""
-
     @classmethod
     def quick(cls, **kw) -> MinilmExperiment:
-        """A few minutes on a CPU core."""
-        return cls(**{"d_sae": 1536, "steps": 300, "batch_size": 1024, "ctx_len": 64, "train_chunks": 1000,
-                      "eval_chunks": 32, "rematch_every": 25, **kw})
+        """A pipeline check within minutes on a CPU: k = 6, 1 seed, 200 steps of 1024 activations."""
+        return cls(**{"k_values": (6,), "seeds": 1, "d_sae": 1536, "steps": 200, "batch_size": 1024, "ctx_len": 64,
+                      "train_chunks": 600, "eval_chunks": 32, "rematch_every": 25, **kw})
 
 
 @dataclass(frozen=True)
@@ -601,7 +609,8 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                 cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
                                 reinit=reinit, rematch_every=exp.rematch_every, alpha=alpha,
                                 inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
-                                seed=2000 + seed)
+                                optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                                inactivity_measure=exp.inactivity_measure, seed=2000 + seed)
                 trainer = MfrTrainer(held.shape[1], cfg, device=device, model_name=canonical_model_name(exp.model),
                                      hook_point=exp.hook_point)
                 trainer.load_checkpoint(run_dir)  # resumes weights and optimiser; the data stream restarts

@@ -60,8 +60,6 @@ class EegExperiment(MfrRuns):
     """Adam learning rate (the paper's)."""
     rematch_every: int = 10
     """Hungarian re-matching period (steps)."""
-    inactivity_threshold: float = 50.0
-    """Re-initialise above this cubed relative deviation (as on MiniLM: real signals fire far from uniformly)."""
     eval_vectors: int = 16384
     """Held-out vectors for the metrics (at most; the first ones of the held-out recordings)."""
     eeg: EegConfig = field(default_factory=EegConfig)
@@ -69,9 +67,9 @@ class EegExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> EegExperiment:
-        """A pipeline check in minutes on a CPU: 512 latents, 200 steps of 256 vectors."""
-        return cls(**{"d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25, "eval_vectors": 4096,
-                      **kw})
+        """A pipeline check in minutes on a CPU: k = 6, 1 seed, 512 latents, 200 steps of 256 vectors."""
+        return cls(**{"k_values": (6,), "seeds": 1, "d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25,
+                      "eval_vectors": 4096, **kw})
 
 
 def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathLike, *, quiet: bool = False,
@@ -110,6 +108,8 @@ def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathL
                 cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
                                 reinit=reinit, lr=exp.lr, rematch_every=exp.rematch_every, alpha=alpha,
                                 inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
+                                optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                                inactivity_measure=exp.inactivity_measure,
                                 normalize_activations="expected_average_only_in", seed=3000 + seed)
                 trainer = MfrTrainer(train.shape[1], cfg, device=device, model_name="eeg",
                                      hook_point=f"eeg:{exp.eeg.window}x{len(data['channels'])}")

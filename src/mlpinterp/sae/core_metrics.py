@@ -25,7 +25,9 @@ reconstructions ``x̂_t`` and latent activations ``z_t`` (``d_sae`` entries, zer
 Deviations, both in SAEBench 0.6.0's own code and fixed in SAELens: its ``mse`` also divides by the number of
 tokens in the batch (so it changes with the batch size), and its batched ``explained_variance`` subtracts
 ``(mean_d E[x_d^2])^2`` instead of ``||E[x]||^2`` from ``E||x||^2``; we use the definitions those lines intend
-(and SAELens computes). The causal-LM metrics (``model_behavior_preservation``, ``model_performance_preservation``)
+(and SAELens computes). For comparison with published SAEBench numbers, ``reconstruction_quality`` also holds
+``explained_variance_saebench_literal = 1 - mean_t ||x_t - x̂_t||^2 / (mean_t ||x_t||^2 - (mean_{t,d} x_td^2)^2)``,
+the value SAEBench 0.6.0's code computes (its per-batch means pooled over equal batches, as it concatenates them). The causal-LM metrics (``model_behavior_preservation``, ``model_performance_preservation``)
 are :func:`mlpinterp.lm.recovery.kl_ce_scores`; :func:`mlpinterp.sae.evaluate.evaluate_sae` runs everything.
 """
 
@@ -98,6 +100,7 @@ def core_metrics(sae: TopKSae, x: Tensor, *, batch_size: int = 4096) -> dict:
     finally:
         sae.train(was_training)
     total_var = acc["sq_norm"] / n - float((sum_x / n).pow(2).sum())
+    literal_var = acc["sq_norm"] / n - (acc["sq_norm"] / (n * sae.d_in)) ** 2
     mse = acc["resid"] / n
     density = counts / n
     dens_sum = float(density.sum())
@@ -106,6 +109,7 @@ def core_metrics(sae: TopKSae, x: Tensor, *, batch_size: int = 4096) -> dict:
             "explained_variance": (1.0 - mse / total_var) if total_var > 1e-10 else (1.0 if mse < 1e-10 else 0.0),
             "mse": mse,
             "cossim": acc["cos"] / n,
+            "explained_variance_saebench_literal": 1.0 - mse / literal_var if literal_var != 0 else float("nan"),
         },
         "shrinkage": {
             "l2_norm_in": acc["norm_in"] / n,

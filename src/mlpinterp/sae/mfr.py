@@ -8,10 +8,18 @@ Feature-Aligned Sparse Autoencoders", arXiv 2411.01220, sec. 3).
   dictionaries, with Hungarian-matched cosine similarity (gradients through the matched cosines) and a cosine
   warm-up ``alpha(t) = alpha * (1 - cos(pi * min(t, T) / T)) / 2`` over ``T = warmup_steps``. ``alpha`` is either
   given or chosen at step 0 so that ``alpha * penalty_0 = reconstruction_0`` (mean over the SAEs).
-* **Re-initialisation** (sec. 3): every ``inactivity_window`` steps each SAE's firing rates ``r_j`` over the
-  window are scored by an inactivity measure (default: ``mean_j |r_j / (k / d_sae) - 1|**3``, the cubed
-  relative deviation from the uniform rate ``k / d_sae``; see :data:`INACTIVITY_MEASURES`). An SAE whose
-  measure *exceeds* ``inactivity_threshold`` is re-initialised whole, with a fresh optimiser.
+* **Re-initialisation** (sec. 3.3): every ``inactivity_window`` steps each SAE's firing rates ``r_j`` after
+  TopK over the window are scored by an inactivity measure (default: the paper's example, the mean deviation
+  of the activation frequency from the uniform ``k / d_sae``, relative to it: ``mean_j |r_j / (k / d_sae) - 1|``,
+  with the paper's threshold 1; the cubed deviation is an option, see :data:`INACTIVITY_MEASURES`). An SAE
+  whose measure *exceeds* ``inactivity_threshold`` is re-initialised whole, with a fresh optimiser;
+  ``reinit_events`` / ``n_reinits`` count it.
+
+Optimiser (``optimizer``): ``"signum_schedulefree"`` (default; :class:`mlpinterp.sae.optim.ScheduleFreeSignum`,
+EleutherAI sparsify's default recipe, lr ``5e-3 / sqrt(d_sae / 2**14)``) or ``"adam"`` (constant lr
+``2e-4 / sqrt(d_sae / 2**14)``, Gao et al. 2024). With the schedule-free optimiser the parameters hold the training
+point during training, renormalised before each forward (sparsify's order); SAEs are saved and should be evaluated
+at the average, inside :meth:`MfrTrainer.averaged`. With Adam the decoder is renormalised after each step.
 
 Input normalisation (``normalize_activations="expected_average_only_in"``, SAELens's name for it): before the
 first step the trainer estimates ``s = sqrt(d_in) / E||x||`` from the first ``norm_batches`` batches
@@ -40,7 +48,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -53,6 +62,7 @@ from torch import Tensor
 
 from mlpinterp.sae.io import check_provenance, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, firing_counts
+from mlpinterp.sae.optim import ScheduleFreeSignum
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
@@ -127,12 +137,29 @@ def cubed_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
     return float((r / t - 1).abs().pow(3).mean())
 
 
+def mean_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
+    """``mean_j |r_j / t - 1|`` with ``r_j = counts_j / n_samples`` and ``t = k / d_sae`` (dimensionless): the
+    mean deviation of the activation frequency from the uniform ``k / N``, relative to it (Marks et al. 2024,
+    sec. 3.3, whose threshold is 1).
+
+    0 when every latent fires at the uniform rate; 1 when all are dead. With exactly ``k`` firings per sample
+    (``sum_j r_j = k``) it is twice the total-variation distance between the firing distribution and the uniform
+    one, so it lies in ``[0, 2)`` and exceeds 1 when more than half of the firing mass is misplaced: a fraction
+    ``f`` of dead latents with the others uniform scores ``2 f``; one latent firing on every sample scores
+    about ``2 / k``.
+    """
+    t = k / counts.shape[-1]
+    r = counts.double() / n_samples
+    return float((r / t - 1).abs().mean())
+
+
 def dead_fraction_measure(counts: Tensor, n_samples: int, k: int) -> float:
     """Fraction of latents that did not fire at all during the window."""
     return float((counts == 0).double().mean())
 
 
 INACTIVITY_MEASURES: dict[str, Callable[[Tensor, int, int], float]] = {
+    "mean_relative_deviation": mean_relative_deviation,
     "cubed_relative_deviation": cubed_relative_deviation,
     "dead_fraction": dead_fraction_measure,
 }
@@ -179,6 +206,7 @@ def mfr_penalty(decoders: list[Tensor], matching: Literal["hungarian", "max"] = 
 #: each with the behaviour of a checkpoint without it (not necessarily today's default): a checkpoint that lacks one
 #: resumes when the request keeps that behaviour, and is refused, naming it, when it asks for another.
 ADDED_FIELDS = {
+    "optimizer": "adam",  # without it: every run was trained with Adam
     "init_b_dec_to_mean": False,  # without it: b_dec starts at zero
     "normalize_activations": "none",  # without it (and norm_batches): inputs are not rescaled
     "norm_batches": 10,
@@ -195,8 +223,12 @@ class MfrConfig:
     n_saes: int = 2
     """N: SAEs trained in parallel on the same batches."""
 
+    optimizer: Literal["signum_schedulefree", "adam"] = "signum_schedulefree"
+    """'signum_schedulefree' (sparsify's default recipe) or 'adam' (constant learning rate)."""
+
     lr: float | None = None
-    """Adam learning rate; None means ``2e-4 / sqrt(d_sae / 2**14)`` (Gao et al. 2024 scaling, as sparsify)."""
+    """Learning rate; None means ``c / sqrt(d_sae / 2**14)`` (Gao et al. 2024 scaling, as sparsify) with
+    ``c = 5e-3`` for signum_schedulefree and ``2e-4`` for adam (sparsify's constants)."""
 
     loss: Literal["fvu", "mse"] = "fvu"
     """Reconstruction loss: FVU (variance about the mean) or MSE per element."""
@@ -228,10 +260,10 @@ class MfrConfig:
     reinit: bool = True
     """Re-initialise an SAE whose inactivity measure exceeds the threshold."""
 
-    inactivity_measure: str = "cubed_relative_deviation"
+    inactivity_measure: str = "mean_relative_deviation"
     """Name in INACTIVITY_MEASURES."""
 
-    inactivity_threshold: float = 50.0
+    inactivity_threshold: float = 1.0
     """Re-initialise when the measure is strictly above this value."""
 
     inactivity_window: int = 100
@@ -258,6 +290,12 @@ class MfrConfig:
                             "normalize_activations": OneOf(("none", "expected_average_only_in"), either=True)})
         if self.penalty and self.n_saes < 2:
             raise ValueError(f"penalty=True needs n_saes >= 2, got n_saes={self.n_saes}")
+        if self.optimizer not in ("signum_schedulefree", "adam"):
+            raise ValueError(f"optimizer must be 'signum_schedulefree' or 'adam', got {self.optimizer!r}")
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"lr must be a finite number >= 0 or None, got {self.lr!r}")
+        if self.optimizer == "signum_schedulefree" and self.lr == 0:
+            raise ValueError("lr must be > 0 with optimizer='signum_schedulefree'")
         if self.alpha is not None and not (self.alpha >= 0):
             raise ValueError(f"alpha must be >= 0 or None, got {self.alpha!r}")
 
@@ -366,7 +404,8 @@ class MfrTrainer:
             self.owned = list(range(n))
         self.n_reinits = [0] * n
         self.saes = [self._new_sae(i) for i in self.owned]
-        self.lr = cfg.lr if cfg.lr is not None else 2e-4 / math.sqrt(cfg.sae.d_sae / 2**14)
+        base_lr = 5e-3 if cfg.optimizer == "signum_schedulefree" else 2e-4
+        self.lr = cfg.lr if cfg.lr is not None else base_lr / math.sqrt(cfg.sae.d_sae / 2**14)
         self.opts = [self._new_opt(s) for s in self.saes]
         self.modules = self.saes
         if self.dist.mode == "ddp":
@@ -415,7 +454,19 @@ class MfrTrainer:
         return scale
 
     def _new_opt(self, sae: TopKSae) -> torch.optim.Optimizer:
+        if self.cfg.optimizer == "signum_schedulefree":
+            return ScheduleFreeSignum(sae.parameters(), lr=self.lr, momentum=0.95)
         return torch.optim.Adam(sae.parameters(), lr=self.lr, betas=(0.9, 0.999))
+
+    @contextmanager
+    def averaged(self) -> Iterator[list[TopKSae]]:
+        """Within the block every owned SAE holds the weights to evaluate and save (the schedule-free average;
+        with Adam the weights as they are); yields ``saes``. Training resumes from exactly the same point."""
+        with ExitStack() as stack:
+            for opt in self.opts:
+                if isinstance(opt, ScheduleFreeSignum):
+                    stack.enter_context(opt.averaged())
+            yield self.saes
 
     def reinitialise(self, local: int) -> None:
         """Re-initialise owned SAE ``local`` (index into ``saes``) in place, with a fresh optimiser."""
@@ -498,6 +549,11 @@ class MfrTrainer:
         ddp = self.dist.mode == "ddp"
         world = self.dist.world if ddp else 1
         reduce = _sum_ranks if ddp else None
+        if cfg.sae.normalize_decoder and cfg.optimizer == "signum_schedulefree":
+            # sparsify's order: the training point is renormalised before each forward and not after the last
+            # step, so the saved average is the one sparsify evaluates (its decoder rows are near, not at, unit norm)
+            for sae in self.saes:
+                sae.set_decoder_norm_to_unit_norm()
         if self._bias_pending:
             with torch.no_grad():
                 total = torch.cat([x.sum(0).double(),
@@ -542,7 +598,7 @@ class MfrTrainer:
             if cfg.sae.normalize_decoder:
                 sae.remove_gradient_parallel_to_decoder_directions()
             opt.step()
-            if cfg.sae.normalize_decoder:
+            if cfg.sae.normalize_decoder and cfg.optimizer == "adam":
                 sae.set_decoder_norm_to_unit_norm()
         # firing statistics
         c = torch.stack([cc.cpu() for cc in counts])
@@ -621,7 +677,8 @@ class MfrTrainer:
         tensors: dict[str, Tensor] = {"window_counts": self.window_counts, "since_fired": self.since_fired}
         for local, (sae, opt) in enumerate(zip(self.saes, self.opts, strict=True)):
             i = self.owned[local]
-            save_sae(sae, directory / f"sae_{i}")
+            with self.averaged():
+                save_sae(sae, directory / f"sae_{i}")
             for k, v in sae.state_dict().items():
                 tensors[f"sae{i}.param.{k}"] = v
             tensors.update(optimizer_tensors(opt, f"sae{i}.opt"))

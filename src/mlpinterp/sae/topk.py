@@ -13,8 +13,11 @@ latent ``j`` writes into activation space (the "feature"), the convention shared
   the gradient onto the tangent space of the sphere before each step and
   :meth:`TopKSae.set_decoder_norm_to_unit_norm` renormalises after it.
 
-The AuxK loss (Gao et al. 2024, sec. A.2) reconstructs the residual ``x - x_hat`` from the ``k_aux`` largest
-pre-activations of *dead* latents; it is normalised by the residual's variance like sparsify.
+The AuxK loss (Gao et al. 2024, sec. A.2) reconstructs the residual ``e = x - x_hat`` from the ``k_aux`` largest
+pre-activations of *dead* latents, as EleutherAI sparsify computes it: ``min(n_dead / k_aux, 1) *
+sum ||e_hat - e||^2 / sum ||x - mean(x)||^2`` with ``k_aux`` taken before it is clipped to ``n_dead`` (so few dead
+latents weigh little) and the input's total variance as denominator; its gradient reaches the encoder through
+the same sparse backward as the TopK latents (``k + k_aux`` entries per row).
 
 Input normalisation (``input_scale = s``, e.g. ``sqrt(d_in) / E||x||`` estimated by the trainer): the SAE
 computes on ``s x`` and returns ``x_hat / s``, so every output and metric (``sae_out``, ``fvu``, ``mse``) is in the
@@ -105,59 +108,75 @@ class EncoderOutput(NamedTuple):
 
 
 class _TopKEncode(torch.autograd.Function):
-    """Fused ``ReLU(TopK(x W^T + b))`` whose backward only touches the ``k`` selected latents per row.
+    """Fused ``ReLU(TopK((x - b_dec) W^T + b))`` whose backward only touches the selected latents of each row.
 
     The dense backward of the encoder would cost ``O(batch * d_sae * d_in)``; the selected entries only
     need ``O(batch * k * d_in)`` (a scatter-add), which is what makes TopK SAEs cheap to train on CPU.
+    With a ``dead`` mask it also returns the AuxK selection: ``ReLU`` of the ``k_aux`` largest pre-activations
+    among the dead latents, whose gradient goes through the same sparse backward (``k + k_aux`` entries a row).
+    ``b_dec`` (None: no pre-encoder bias) is an input so that its gradient, ``-sum_rows g_pre W = -g_b W``, costs
+    one ``[d_sae] x [d_sae, d_in]`` product instead of a per-row gradient of the input when ``x`` needs none.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, k: int):  # type: ignore[override]
-        pre = torch.addmm(bias, x, weight.t())
+    def forward(ctx, x: Tensor, b_dec: Tensor | None, weight: Tensor, bias: Tensor, k: int,  # type: ignore[override]
+                dead: Tensor | None, k_aux: int):
+        xin = x - b_dec if b_dec is not None else x
+        pre = torch.addmm(bias, xin, weight.t())
         vals, idx = pre.topk(k, dim=-1, sorted=False)
         acts = vals.clamp_min(0.0)
-        ctx.save_for_backward(x, weight, idx, vals)
-        ctx.mark_non_differentiable(idx)
+        if dead is not None:  # the k_aux largest among the dead columns only (cheap when few latents are dead)
+            dead_idx = dead.nonzero().squeeze(1)
+            aux_vals, j = pre.index_select(1, dead_idx).topk(k_aux, dim=-1, sorted=False)
+            aux_idx = dead_idx[j]
+        else:
+            aux_vals, aux_idx = vals[:, :0], idx[:, :0]
+        aux_acts = aux_vals.clamp_min(0.0)
+        ctx.save_for_backward(xin, weight, torch.cat([idx, aux_idx], 1), torch.cat([vals, aux_vals], 1))
+        ctx.k = k
+        ctx.mark_non_differentiable(idx, aux_idx)
         ctx.set_materialize_grads(False)
-        return acts, idx, pre
+        return acts, idx, pre, aux_acts, aux_idx
 
     @staticmethod
-    def backward(ctx, g_acts: Tensor, _g_idx, g_pre):  # type: ignore[override]
+    def backward(ctx, g_acts: Tensor, _g_idx, g_pre, g_aux, _g_aux_idx):  # type: ignore[override]
         x, weight, idx, vals = ctx.saved_tensors
-        wdt = weight.dtype
+        wdt, k = weight.dtype, ctx.k
+        need_x, need_bdec, need_w, need_b = ctx.needs_input_grad[:4]
         # Under autocast the forward matmul ran in bf16, so the incoming gradients are bf16 while x and the
         # weight are float32: every product below runs in the weight's dtype with autocast off (mixing dtypes
         # inside embedding_bag / sparse.mm is an error, and a bf16 scatter-add would lose precision).
         with torch.autocast(x.device.type, enabled=False):
-            g = torch.zeros_like(vals, dtype=wdt) if g_acts is None else g_acts.to(wdt) * (vals > 0)  # ReLU'
+            parts = [torch.zeros_like(vals[:, :k], dtype=wdt) if g_acts is None else g_acts.to(wdt),
+                     torch.zeros_like(vals[:, k:], dtype=wdt) if g_aux is None else g_aux.to(wdt)]
+            g = torch.cat(parts, 1) * (vals > 0)  # ReLU'
             x = x.to(wdt)
-            g_x = g_w = g_b = None
-            if g_pre is not None:  # someone used pre_acts with a gradient (e.g. AuxK): fall back to dense
+            g_x = g_bdec = g_w = g_b = None
+            if g_pre is not None:  # someone used pre_acts with a gradient: fall back to dense
                 dense = g_pre.to(wdt, copy=True)
                 dense.scatter_add_(1, idx, g)
-                if ctx.needs_input_grad[0]:
-                    g_x = dense @ weight
-                if ctx.needs_input_grad[1]:
-                    g_w = dense.t() @ x
-                if ctx.needs_input_grad[2]:
-                    g_b = dense.sum(0)
-                return g_x, g_w, g_b, None
-            if ctx.needs_input_grad[0]:
-                g_x = F.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
-            if ctx.needs_input_grad[1]:
-                d_sae = weight.shape[0]
-                sparse = torch.sparse_coo_tensor(
-                    torch.stack([idx.reshape(-1),
-                                 torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])]),
-                    g.reshape(-1),
-                    (d_sae, x.shape[0]),
-                    check_invariants=False,
-                )
-                g_w = torch.sparse.mm(sparse, x)
-            if ctx.needs_input_grad[2]:
-                g_b = torch.zeros(weight.shape[0], dtype=wdt, device=g.device).index_add_(0, idx.reshape(-1),
-                                                                                         g.reshape(-1))
-        return g_x, g_w, g_b, None
+                g_x = dense @ weight if need_x else None
+                g_w = dense.t() @ x if need_w else None
+                g_b = dense.sum(0) if need_b or need_bdec else None
+            else:
+                if need_x:
+                    g_x = F.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
+                if need_w:
+                    d_sae = weight.shape[0]
+                    sparse = torch.sparse_coo_tensor(
+                        torch.stack([idx.reshape(-1),
+                                     torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])]),
+                        g.reshape(-1),
+                        (d_sae, x.shape[0]),
+                        check_invariants=False,
+                    )
+                    g_w = torch.sparse.mm(sparse, x)
+                if need_b or need_bdec:
+                    g_b = torch.zeros(weight.shape[0], dtype=wdt, device=g.device).index_add_(0, idx.reshape(-1),
+                                                                                             g.reshape(-1))
+            if need_bdec:
+                g_bdec = -(g_b @ weight)
+        return g_x, g_bdec, g_w, g_b if need_b else None, None, None, None
 
 
 def _total_variance(x: Tensor, reduce_stats: Callable[[Tensor], Tensor] | None = None) -> Tensor:
@@ -299,9 +318,8 @@ class TopKSae(nn.Module):
 
     def _encode_normalised(self, xs: Tensor) -> EncoderOutput:
         """TopK then ReLU of already scaled inputs ``xs = input_scale * x``."""
-        if self.cfg.pre_bias:
-            xs = xs - self.b_dec
-        acts, idx, pre = _TopKEncode.apply(xs, self.encoder.weight, self.encoder.bias, self.cfg.k)
+        acts, idx, pre, _, _ = _TopKEncode.apply(xs, self.b_dec if self.cfg.pre_bias else None, self.encoder.weight,
+                                                 self.encoder.bias, self.cfg.k, None, 0)
         return EncoderOutput(acts, idx, pre)
 
     def _decode_normalised(self, top_acts: Tensor, top_indices: Tensor) -> Tensor:
@@ -371,31 +389,34 @@ class TopKSae(nn.Module):
             if not isinstance(dead_mask, Tensor) or dead_mask.dtype != torch.bool:
                 raise TypeError(f"dead_mask must be a bool torch.Tensor [d_sae={self.cfg.d_sae}], got "
                                 f"{dead_mask.dtype if isinstance(dead_mask, Tensor) else type(dead_mask).__name__}")
+        if dead_mask is not None and dead_mask.shape != (self.cfg.d_sae,):
+            raise ValueError(f"dead_mask must have shape [d_sae={self.cfg.d_sae}], got {list(dead_mask.shape)}")
+        num_dead = int(dead_mask.sum()) if dead_mask is not None else 0
         s = self.input_scale
-        enc = self.encode(x, _checked=True)
-        sae_out = self._decode_normalised(enc.top_acts, enc.top_indices)
+        xs = x * s if s != 1.0 else x
+        k_aux = self.cfg.k_aux or self.d_in // 2
+        dead = dead_mask.to(x.device) if num_dead > 0 else None
+        acts, idx, _, aux_acts, aux_idx = _TopKEncode.apply(xs, self.b_dec if self.cfg.pre_bias else None,
+                                                             self.encoder.weight, self.encoder.bias, self.cfg.k,
+                                                             dead, min(k_aux, num_dead))
+        sae_out = self._decode_normalised(acts, idx)
         if s != 1.0:
             sae_out = sae_out / s
         e = x - sae_out
         tiny = torch.finfo(x.dtype).tiny
         l2 = e.pow(2).sum()
-        fvu = l2 / _total_variance(x, reduce_stats).clamp_min(tiny)
+        total_var = _total_variance(x, reduce_stats).clamp_min(tiny)
+        fvu = l2 / total_var
         numel = torch.tensor(float(e.numel()), dtype=torch.float64, device=e.device)
         mse = l2 / (reduce_stats(numel) if reduce_stats else numel).to(x.dtype).to(x.device)
         auxk = sae_out.new_zeros(())
-        if dead_mask is not None:
-            if dead_mask.shape != (self.cfg.d_sae,):
-                raise ValueError(f"dead_mask must have shape [d_sae={self.cfg.d_sae}], got {list(dead_mask.shape)}")
-            num_dead = int(dead_mask.sum())
-            if num_dead > 0:
-                k_aux = min(self.cfg.k_aux or self.d_in // 2, num_dead)
-                scale = min(num_dead / k_aux, 1.0)
-                aux_pre = enc.pre_acts.masked_fill(~dead_mask.to(enc.pre_acts.device), -torch.inf)
-                aux_vals, aux_idx = aux_pre.topk(k_aux, dim=-1, sorted=False)
-                w = self.W_dec
-                e_hat = F.embedding_bag(aux_idx, w, per_sample_weights=aux_vals.clamp_min(0).to(w.dtype), mode="sum")
-                if s != 1.0:
-                    e_hat = e_hat / s
-                e_var = _total_variance(e.detach(), reduce_stats)
-                auxk = scale * (e_hat - e.detach()).pow(2).sum() / e_var.clamp_min(tiny)
-        return ForwardOutput(sae_out, enc.top_acts, enc.top_indices, fvu, mse, auxk)
+        if num_dead > 0:
+            # Gao et al. 2024, A.2, as sparsify computes it: the scale uses k_aux before it is clipped to the
+            # number of dead latents, and the loss is normalised by the input's total variance
+            scale = min(num_dead / k_aux, 1.0)
+            w = self.W_dec
+            e_hat = F.embedding_bag(aux_idx, w, per_sample_weights=aux_acts.to(w.dtype), mode="sum")
+            if s != 1.0:
+                e_hat = e_hat / s
+            auxk = scale * (e_hat - e.detach()).pow(2).sum() / total_var
+        return ForwardOutput(sae_out, acts, idx, fvu, mse, auxk)
