@@ -151,6 +151,7 @@ class RunDir:
         self._record = record
         self._t0 = time.perf_counter()
         self._previous = sum(float(s.get("wall_s", 0.0)) for s in record["sessions"])
+        self._closed = False
 
     @property
     def command(self) -> str:
@@ -224,7 +225,9 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
     Creates the directory, takes its lock without waiting, compares ``config`` with the stored one (fields in
     ``resumable`` may differ; ``implicit`` as in :func:`~mlpinterp.utils.validation.config_diff`), calls
     ``check(path)`` (a study's own check of files written before ``run.json`` existed; it raises to refuse), then
-    stores the configuration and yields a :class:`RunDir`. A refused opening writes nothing but the lock files. On leaving, the session's wall time is added to ``run.json`` and the lock released.
+    stores the configuration and yields a :class:`RunDir`. A refused opening writes nothing but the lock files; so
+    does a first session that the study refuses with :class:`RunConflictError` (files of another run already there)
+    or that fails before writing any file (bad input: the corrected command must not find a record to conflict with). On leaving, the session's wall time is added to ``run.json`` and the lock released.
 
     Raises
     ------
@@ -248,7 +251,8 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
         started = _now()
         atomic_write_json(path / HOLDER_FILE, {"pid": os.getpid(), "argv": argv, "started": started})
         rec = _read_record(path)
-        if rec is None:
+        new = rec is None
+        if new:
             rec = {"format": FORMAT, "command": command, "config": config, "sessions": [], "derived": {}}
         else:
             if rec.get("command") != command:
@@ -256,19 +260,31 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
                                        fix=f"pass another {option} (a run directory holds one command's run)")
             diff = config_diff(rec.get("config") or {}, config, ignore=tuple(resumable), implicit=implicit)
             if diff:
-                raise RunConflictError(path, RUN_FILE, diff)
+                saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in diff.items())
+                raise RunConflictError(path, RUN_FILE, diff, fix=f"to continue that run pass its settings ({saved}); "
+                                       f"to start a new run pass another {option} (or delete {str(path)!r})")
             rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {})}
         if check is not None:
             check(path)
         rd = RunDir(path, rec)
         rd._started = started
-        rd._save()
+        if not new:
+            rd._save()
         status = "failed"
         try:
             yield rd
             status = "finished"
+        except RunConflictError:
+            if new:  # refused by the study's own check of older files: leave no record that would block their run
+                rd._closed = True
+            raise
+        except BaseException:
+            if new and not any(p.name not in (LOCK_FILE, HOLDER_FILE) for p in path.iterdir()):
+                rd._closed = True  # refused before writing anything (bad input): the corrected command starts afresh
+            raise
         finally:
-            rd._close(status, argv)
+            if not rd._closed:
+                rd._close(status, argv)
     finally:
         try:
             (path / HOLDER_FILE).unlink(missing_ok=True)
