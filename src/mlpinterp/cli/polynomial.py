@@ -160,6 +160,9 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
         for name, file in (("--mean", mean), ("--cov", cov)):
             try:
                 arr = np.load(file, allow_pickle=False)
+            except EOFError:  # an empty file (click would report an EOFError as a bare "Aborted.")
+                fail(f"{name} {str(file)!r} is an empty file, not a .npy array",
+                     f"pass a .npy file written by numpy.save (the mean [d_in = {d}], the covariance [{d}, {d}])")
             except (ValueError, OSError) as e:
                 raise typer.BadParameter(f"cannot read {str(file)!r} as a .npy array ({e})", param_hint=name) from e
             if not isinstance(arr, np.ndarray):  # .npz archives load as NpzFile
@@ -169,6 +172,10 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
                     f"{str(file)!r} must be a .npy file holding one array, got a {type(arr).__name__} (.npz?)",
                     param_hint=name,
                 )
+            if arr.size == 0:
+                fail(f"{name} {str(file)!r} holds an empty array (shape {list(arr.shape)})",
+                     f"pass the {'mean [d_in]' if name == '--mean' else 'covariance [d_in, d_in]'} with d_in = {d}, "
+                     "the network's input size")
             arrays.append(arr)
         try:
             return Gaussian(*arrays)
