@@ -12,14 +12,13 @@ enable_transparent_huge_pages()  # before torch's first allocation (mlpinterp.ut
 
 import typer  # noqa: E402
 
-from mlpinterp.cli.errors import guarded  # noqa: E402
-
 from mlpinterp.cli import apd as _apd  # noqa: E402
 from mlpinterp.cli import lm as _lm  # noqa: E402
 from mlpinterp.cli import polynomial as _polynomial  # noqa: E402
 from mlpinterp.cli import sae as _sae  # noqa: E402
 from mlpinterp.cli import spd as _spd  # noqa: E402
 from mlpinterp.cli import transformer as _transformer  # noqa: E402
+from mlpinterp.cli.errors import guarded  # noqa: E402
 
 app = typer.Typer(
     name="mlpinterp",

@@ -20,15 +20,19 @@ THREADS_DEFAULT = 1
 needs the same value)."""
 
 
-def flag(*decls: str, help: str, hidden: bool = False) -> Any:  # noqa: A002 - Typer's own keyword
-    """A boolean ``typer.Option`` shown as a flag (no ``<bool>`` metavar in ``--help``)."""
-    return typer.Option(*decls, help=help, metavar="", hidden=hidden)
+def flag(*decls: str, help: str, default: bool | None = None, hidden: bool = False) -> Any:  # noqa: A002
+    """A boolean ``typer.Option`` shown as a flag (no ``<bool>`` metavar in ``--help``). With ``default`` it is the
+    parameter's default (``tied: bool = flag("--tied/--no-tied", default=False, help=...)``); without, the option
+    of an ``Annotated`` type."""
+    if default is None:
+        return typer.Option(*decls, help=help, metavar="", hidden=hidden)
+    return typer.Option(default, *decls, help=help, metavar="", hidden=hidden)
 
 
-def many(*decls: str, help: str, metavar: str = "VALUE", **kw) -> Any:  # noqa: A002
-    """A repeatable ``typer.Option`` (``--k 6 --k 12``; commands may also accept ``--k 6 12``) shown as
-    ``VALUE ...`` in ``--help``."""
-    return typer.Option(*decls, help=help, metavar=f"{metavar} ...", **kw)
+def many(default: list, *decls: str, help: str, metavar: str = "VALUE", **kw) -> Any:  # noqa: A002
+    """A repeatable ``typer.Option`` with ``default`` (``--k 6 --k 12``; commands may also accept ``--k 6 12``) shown
+    as ``VALUE ...`` in ``--help``."""
+    return typer.Option(default, *decls, help=help, metavar=f"{metavar} ...", **kw)
 
 
 def _non_empty(value: Path | None) -> Path | None:

@@ -11,7 +11,6 @@ import typer
 
 from mlpinterp.cli.options import Device, Lr, Out, Quick, Quiet, Steps, Threads  # noqa: F401 - re-exported
 
-
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (targets and decompositions).")]
 
 
