@@ -44,8 +44,6 @@ def _fix_for(e: BaseException, fix: str | None) -> str | None:
 
 
 def _message(e: BaseException) -> str:
-    if isinstance(e, typer.BadParameter):
-        return e.format_message()
     msg = str(e) or type(e).__name__
     if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
         msg = f"{msg}: {e.filename!s}"
@@ -59,11 +57,11 @@ def _is_safetensors_error(e: BaseException) -> bool:
 
 
 def _is_expected(e: BaseException) -> bool:
-    """Expected failures: bad values and paths (``ValueError``, ``OSError``, including a full disk), a
-    ``typer.BadParameter`` raised by a command body, a safetensors write or read error (not an ``OSError``), an
+    """Expected failures: bad values and paths (``ValueError``, ``OSError``, including a full disk; an empty file's
+    ``EOFError``, which click would print as a bare "Aborted."), a safetensors write or read error (not an ``OSError``), an
     artifact error of :mod:`mlpinterp.utils.artifact` (any exception carrying a ``fix``), and a pickle refused by
     ``torch.load(weights_only=True)``."""
-    return (isinstance(e, (ValueError, OSError, EOFError, typer.BadParameter, pickle.UnpicklingError))
+    return (isinstance(e, (ValueError, OSError, EOFError, pickle.UnpicklingError))
             or _is_safetensors_error(e) or hasattr(e, "fix"))
 
 
@@ -76,7 +74,7 @@ def expected_errors(fix: str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except typer.Exit:
+    except (typer.Exit, typer.BadParameter):  # a bad option value stays a usage error (exit 2, with the usage line)
         raise
     except Exception as e:
         if not _is_expected(e) or _want_traceback():

@@ -66,7 +66,8 @@ def _check_resume(out: Path, r: dict) -> None:
         raise RunConflictError(out, "config.json", diff)
 
 
-def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False) -> dict:
+def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False,
+                         threads: int | None = 1) -> dict:
     """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict.
 
     ``out`` is opened with :func:`mlpinterp.utils.rundir.open_run` (locked; a configuration differing in a field
@@ -75,10 +76,10 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
     r = cfg.resolved()
     with open_run(out, "reproduce polynomial", r, resumable=RESUMABLE_CHANGES, implicit=ADDED_FIELDS,
                   check=lambda path: _check_resume(path, r)) as rd:
-        return _run(cfg, r, rd, quiet)
+        return _run(cfg, r, rd, quiet, threads)
 
 
-def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool) -> dict:
+def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool, threads: int | None) -> dict:
     from mlpinterp.experiments.polynomial_plots import make_figures
     from mlpinterp.experiments.polynomial_report import summarise, write_report
 
@@ -99,7 +100,7 @@ def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool) -> dict:
                                 activation=cfg.activation, lr=r["lr"], warmup_steps=r["warmup_steps"],
                                 steps=r["steps"], seed=seed)
         ck_dir = out / f"seed{seed}" / "checkpoints"
-        train_classifier(ccfg, data, ck_dir, progress=not quiet)
+        train_classifier(ccfg, data, ck_dir, progress=not quiet, threads=threads)
         per_seed.append(_evaluate_seed(rd, f"seed{seed}", ck_dir, inputs, data, r, seed, quiet))
 
     results = summarise(per_seed, r, data)
