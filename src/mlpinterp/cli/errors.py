@@ -7,6 +7,7 @@ precise message (it names the file or the argument) and the fix, never a Python 
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import functools
 import os
@@ -33,14 +34,21 @@ def _want_traceback() -> bool:
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
+_COMMAND_FIX: contextvars.ContextVar[str | None] = contextvars.ContextVar("command_fix", default=None)
+"""The fix of the command running now (its ``--help``), for an expected failure that brings none."""
+
+_DISK_FULL_FIX = "free space on that disk, or pass an --out on another one; a rerun resumes from the last file written"
+
+
 def _fix_for(e: BaseException, fix: str | None) -> str | None:
-    """The fix line for ``e``: its own ``fix`` attribute, a full disk's, or ``fix``."""
+    """The fix line for ``e``: its own ``fix`` attribute, a full disk's, ``fix``, or the running command's."""
     own = getattr(e, "fix", None)
     if own:
         return own
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free space on that disk, or pass an --out on another one; a rerun resumes from the last file written"
-    return fix
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+            (_is_safetensors_error(e) and "space" in str(e).lower()):
+        return _DISK_FULL_FIX
+    return fix or _COMMAND_FIX.get()
 
 
 def _message(e: BaseException) -> str:
@@ -88,7 +96,11 @@ def guarded(command: Callable, name: str) -> Callable:
 
     @functools.wraps(command)
     def run(*args, **kwargs):
-        with expected_errors(f"see `mlpinterp {name} --help`"):
-            return command(*args, **kwargs)
+        token = _COMMAND_FIX.set(f"see `mlpinterp {name} --help`")
+        try:
+            with expected_errors():
+                return command(*args, **kwargs)
+        finally:
+            _COMMAND_FIX.reset(token)
 
     return run

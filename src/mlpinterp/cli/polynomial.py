@@ -14,7 +14,7 @@ from mlpinterp.cli.options import THREADS_DEFAULT, Device, Quiet, Threads, _non_
 from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
-from mlpinterp.utils.validation import saved_value
+from mlpinterp.utils.validation import ABSENT, saved_value
 
 
 class DatasetName(StrEnum):
@@ -65,6 +65,8 @@ def _conflict_fix(e, out: Path) -> str:
     was written before has the value of that time."""
     opts, other = [], []
     for k, (saved, _) in sorted(e.diff.items()):
+        if saved is ABSENT:  # the saved run never had this setting: nothing to pass
+            continue
         saved = saved_value(saved)
         flag = _FLAGS.get(k)
         if flag is None:

@@ -207,8 +207,12 @@ def sae_train(
     """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT; resumes from OUT."""
     from mlpinterp.utils.rundir import check_out_dir
 
+    from mlpinterp.lm.models import check_model_dir
+
     with expected_errors():  # refused before the model is loaded
         out = check_out_dir(out)
+        if Path(model).expanduser().is_dir():
+            check_model_dir(Path(model).expanduser())
     set_threads(threads)
     from mlpinterp.lm.models import canonical_model_name
     from mlpinterp.sae.mfr import MfrConfig, init_distributed

@@ -94,14 +94,16 @@ def check_out_dir(out: str | os.PathLike, option: str = "--out") -> Path:
     text and not an existing file. Raises ``TypeError`` / ``ValueError`` naming ``option``; nothing is created."""
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError(f"{option} must be a directory path (str or os.PathLike), got {type(out).__name__}")
+    problem = None
     if str(out).strip() == "":
-        raise ValueError(f"{option} must name a directory, got an empty path (it would write into the current "
-                         "directory)")
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option} {str(path)!r} is an existing file, expected a directory (new, or a run to resume); "
-                         f"pass another {option}")
-    return path
+        problem = f"{option} must name a directory, got an empty path (it would write into the current directory)"
+    elif Path(out).exists() and not Path(out).is_dir():
+        problem = f"{option} {str(out)!r} is an existing file, expected a directory (new, or a run to resume)"
+    if problem:
+        err = ValueError(problem)
+        err.fix = f"pass another {option} (a new directory, or the run directory to resume)"
+        raise err
+    return Path(out)
 
 
 def wall_time_statement(seconds: float | None, sessions: int | None) -> str:
