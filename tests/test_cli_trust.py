@@ -120,7 +120,8 @@ class _Payload:
 
 
 def _tiny_model_dir(path: Path, *, tokenizer: bool = True, pickle_weights: bool = False) -> Path:
-    from tests.ffn_tiny import tiny_gpt2, tokenizer as tiny_tokenizer
+    from tests.ffn_tiny import tiny_gpt2
+    from tests.ffn_tiny import tokenizer as tiny_tokenizer
 
     model = tiny_gpt2()
     model.config.save_pretrained(path)

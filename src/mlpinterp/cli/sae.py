@@ -205,9 +205,8 @@ def sae_train(
     threads: Threads = THREADS_DEFAULT,
 ) -> None:
     """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT; resumes from OUT."""
-    from mlpinterp.utils.rundir import check_out_dir
-
     from mlpinterp.lm.models import check_model_dir
+    from mlpinterp.utils.rundir import check_out_dir
 
     with expected_errors():  # refused before the model is loaded
         out = check_out_dir(out)
