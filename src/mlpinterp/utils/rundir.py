@@ -148,9 +148,10 @@ def read_run(out: str | os.PathLike) -> dict | None:
 class RunDir:
     """An open run directory (see the module docstring); made by :func:`open_run`."""
 
-    def __init__(self, path: Path, record: dict):
+    def __init__(self, path: Path, record: dict, started: str):
         self.path = path
         self._record = record
+        self._started = started
         self._t0 = time.perf_counter()
         self._previous = sum(float(s.get("wall_s", 0.0)) for s in record["sessions"])
         self._closed = False
@@ -176,10 +177,6 @@ class RunDir:
     def time_statement(self) -> str:
         """:func:`wall_time_statement` of this run directory now."""
         return wall_time_statement(self.wall_seconds, self.sessions)
-
-    def timing(self) -> dict:
-        """``{"wall_seconds": ..., "sessions": ..., "statement": ...}`` for a study's results JSON."""
-        return {"wall_seconds": self.wall_seconds, "sessions": self.sessions, "statement": self.time_statement()}
 
     def is_current(self, name: str, provenance: Mapping) -> bool:
         """Whether the derived file(s) ``name`` (a path relative to the run directory) were recorded with this
@@ -268,21 +265,19 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
             rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {})}
         if check is not None:
             check(path)
-        rd = RunDir(path, rec)
-        rd._started = started
-        if not new:
-            rd._save()
+        rd = RunDir(path, rec, started)
+        rd._save()  # at once: a run killed in its first session is still recognised
         status = "failed"
         try:
             yield rd
             status = "finished"
-        except RunConflictError:
-            if new:  # refused by the study's own check of older files: leave no record that would block their run
+        except BaseException as e:
+            ours = (RUN_FILE, LOCK_FILE, HOLDER_FILE)
+            if new and (isinstance(e, RunConflictError) or all(p.name in ours for p in path.iterdir())):
+                # refused by the study's own check of older files, or before writing anything (bad input): leave
+                # no record that would block the corrected command
+                (path / RUN_FILE).unlink(missing_ok=True)
                 rd._closed = True
-            raise
-        except BaseException:
-            if new and not any(p.name not in (LOCK_FILE, HOLDER_FILE) for p in path.iterdir()):
-                rd._closed = True  # refused before writing anything (bad input): the corrected command starts afresh
             raise
         finally:
             if not rd._closed:
