@@ -90,9 +90,10 @@ def reproduce_mfr(
                                        "disk) | eeg (EDF recordings under --data)."),
     model: str | None = typer.Option(None, help="--setting lm: a train-lm output directory or 'gpt2' (weights on "
                                      "disk).", show_default="gpt2"),
-    k: list[str] = many(["6", "12", "18", "24", "30"], "--k", metavar="K",
-                        help="TopK k values: --k 6 12 18 24 30 (or --k 6,12)."),
-    seeds: int = typer.Option(3, min=1, help="Seeds per (k, condition)."),
+    k: list[str] | None = many(None, "--k", metavar="K", help="TopK k values: --k 6 12 18 24 30 (or --k 6,12).",
+                               show_default="the setting's (synthetic, minilm: 6 12 18 24 30); --quick: one k"),
+    seeds: int | None = typer.Option(None, min=1, help="Seeds per (k, condition).",
+                                     show_default="3; --quick: 1"),
     out: Out = Path("runs/mfr"),
     quick: Quick = False,
     quiet: Quiet = False,
@@ -128,8 +129,9 @@ def reproduce_mfr(
                        "--window": (window, ("eeg",)), "--model": (model, ("lm",)),
                        "--hook-point": (hook_point, _TEXT_SETTINGS), "--text-dir": (text_dir, _TEXT_SETTINGS)})
     set_threads(threads)
-    ks = _k_values(k, ctx.args)
-    kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": alpha,
+    kw = {"n_saes": n_saes, "alpha": alpha,
+          **({"k_values": _k_values(k or [], ctx.args)} if k or ctx.args else {}),
+          **({"seeds": seeds} if seeds is not None else {}),
           "extra_alphas": () if no_extra_alpha else tuple(extra_alpha),
           **({"steps": steps} if steps is not None else {}),
           **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold is not None else {})}

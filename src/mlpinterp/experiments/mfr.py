@@ -92,6 +92,11 @@ class MfrRuns:
     """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
 
 
+QUICK_RUNS = {"k_values": (12,), "seeds": 1}
+"""The runs of a ``quick`` preset unless ``k_values``/``seeds`` are given: one k of the paper's range and one seed (a
+pipeline check, never a reproduction)."""
+
+
 @dataclass(frozen=True)
 class SyntheticExperiment(MfrRuns):
     """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
@@ -123,8 +128,8 @@ class SyntheticExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> SyntheticExperiment:
-        """Small budget: 500 steps of 512 samples."""
-        return cls(**{"steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
+        """Small budget: 500 steps of 512 samples, one k and one seed unless given (:data:`QUICK_RUNS`)."""
+        return cls(**{**QUICK_RUNS, "steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
 
 
 def _eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
@@ -556,8 +561,8 @@ class MinilmExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> MinilmExperiment:
-        """A few minutes on a CPU core."""
-        return cls(**{"d_sae": 1536, "steps": 300, "batch_size": 1024, "ctx_len": 64, "train_chunks": 1000,
+        """A few minutes on a CPU core: one k and one seed unless given (:data:`QUICK_RUNS`)."""
+        return cls(**{**QUICK_RUNS, "d_sae": 1536, "steps": 300, "batch_size": 1024, "ctx_len": 64, "train_chunks": 1000,
                       "eval_chunks": 32, "rematch_every": 25, **kw})
 
 

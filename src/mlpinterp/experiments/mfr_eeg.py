@@ -23,6 +23,7 @@ import torch
 from mlpinterp.data.eeg import EegConfig, load_eeg
 from mlpinterp.experiments.mfr import (
     PAPER,
+    QUICK_RUNS,
     MfrRuns,
     _core_summary,
     _eval_saes,
@@ -69,8 +70,9 @@ class EegExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> EegExperiment:
-        """A pipeline check in minutes on a CPU: 512 latents, 200 steps of 256 vectors."""
-        return cls(**{"d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25, "eval_vectors": 4096,
+        """A pipeline check in minutes on a CPU: 512 latents, 200 steps of 256 vectors, one k and one seed unless
+        given."""
+        return cls(**{**QUICK_RUNS, "k_values": (24,), "d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25, "eval_vectors": 4096,
                       **kw})
 
 
