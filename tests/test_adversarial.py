@@ -1036,7 +1036,7 @@ def test_cli_train_bad_options_exit_2(tmp_path, extra, match):
     ],
 )
 def test_cli_reproduce_bad_options_exit_2(tmp_path, extra, match):
-    res = _invoke(["reproduce", "polynomial", "--smoke", "--quiet", "--out", tmp_path / "rp", *extra])
+    res = _invoke(["reproduce", "polynomial", "--quick", "--quiet", "--out", tmp_path / "rp", *extra])
     assert res.exit_code == 2, res.output
     assert match in flat(res.output)
 
@@ -1048,7 +1048,7 @@ def test_cli_reproduce_classifier_options_validated_up_front(tmp_path, extra):
     out = tmp_path / "rp"
     # --steps 16 keeps the run short should validation ever let it start
     res = _invoke(
-        ["reproduce", "polynomial", "--smoke", "--quiet", "--seeds", "1", "--steps", "16", "--out", out, *extra]
+        ["reproduce", "polynomial", "--quick", "--quiet", "--seeds", "1", "--steps", "16", "--out", out, *extra]
     )
     assert res.exit_code == 2, (res.exit_code, repr(res.exception))
     assert not (out / "config.json").exists()

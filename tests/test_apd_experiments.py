@@ -40,11 +40,11 @@ def test_cli_tms_quick(tmp_path):
     assert res2.exit_code == 0, res2.output
     again = json.loads((tmp_path / "metrics.json").read_text())
     assert again["summary"]["mmcs"] == metrics["summary"]["mmcs"]
-    # a different learning rate in the same directory is refused (the checkpoint holds another configuration)
+    # a different learning rate in the same directory is refused (the run directory holds another configuration)
     res3 = CliRunner().invoke(app, ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--out",
                                     str(tmp_path), "--quick", "--quiet", "--steps", "40", "--lr", "0.01"])
     assert res3.exit_code == 1, res3.output
-    assert "Error:" in res3.output and "lr: saved " in res3.output and "checkpoint" in res3.output, res3.output
+    assert "Error:" in res3.output and "lr: saved " in res3.output and "run.json" in res3.output, res3.output
     # report.html embeds every figure the Markdown references
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     assert md.count("![") == page.count('<img src="data:image/png;base64,') == 2

@@ -622,7 +622,8 @@ def finished(tmp_path_factory):
 def _strip(o):
     """Results without wall times."""
     if isinstance(o, dict):
-        return {k: _strip(v) for k, v in o.items() if k not in ("timing_s", "cpu_s", "seconds", "tokens_per_s")}
+        return {k: _strip(v) for k, v in o.items()
+                if k not in ("timing_s", "cpu_s", "seconds", "sessions", "tokens_per_s")}
     if isinstance(o, list):
         return [_strip(v) for v in o]
     return o
@@ -658,6 +659,9 @@ def test_resume_refuses_other_weights_text_or_unverifiable_dirs(finished, tmp_pa
     cfg = json.loads((out / "config.json").read_text())
     cfg["model"] = str(other)
     (out / "config.json").write_text(json.dumps(cfg))
+    record = json.loads((out / "run.json").read_text())  # the run directory's record names the same path
+    record["config"]["model"] = str(other)
+    (out / "run.json").write_text(json.dumps(record))
     tiny_gpt2(seed=1).save_pretrained(other)
     with pytest.raises(ValueError, match="made from another model"):
         run_transformer(out, _exp(str(other)), quiet=True, texts=TEXTS)

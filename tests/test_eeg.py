@@ -165,7 +165,7 @@ def test_bad_eeg_config(kw, match):
 def test_reproduce_mfr_eeg_end_to_end(tmp_path):
     write_synthetic_recordings(tmp_path / "d", 3, seconds=20, n_channels=4)
     res = runner.invoke(app, ["reproduce", "mfr", "--setting", "eeg", "--data", str(tmp_path / "d"), "--quick",
-                              "--k", "4", "--seeds", "1", "--steps", "3", "--extra-alpha", "-1", "--window", "8",
+                              "--k", "4", "--seeds", "1", "--steps", "3", "--no-extra-alpha", "--window", "8",
                               "--quiet", "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())

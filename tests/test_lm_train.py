@@ -141,6 +141,7 @@ def test_checkpoint_of_an_earlier_version_resumes_with_the_behaviour_of_that_tim
     _, calls = _interrupt_after(4, cfg, tmp_path / "run", text_dir, monkeypatch)
     rewrite(tmp_path / "run" / "checkpoint" / "train_state.safetensors",  # as an earlier version wrote it
             lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k != "grad_clip"}})
+    (tmp_path / "run" / "run.json").unlink()  # an earlier version kept no run record
     with pytest.raises(RunConflictError, match=r"grad_clip: saved absent \(written before the field existed: 0.5\), "
                                                r"requested 1.0"):
         train_lm(LmTrainConfig(**TINY), tmp_path / "run", text_dir=text_dir, quiet=True)

@@ -103,7 +103,7 @@ def test_lm_setting_spliced_ce_equals_a_hand_splice_of_the_saved_sae(tmp_path, s
 def test_cli_reproduce_mfr_lm(tmp_path, setup):
     text_dir, path = setup
     res = runner.invoke(app, ["reproduce", "mfr", "--setting", "lm", "--model", str(path), "--k", "4", "--seeds",
-                              "1", "--quick", "--steps", "2", "--extra-alpha", "-1", "--quiet", "--text-dir",
+                              "1", "--quick", "--steps", "2", "--no-extra-alpha", "--quiet", "--text-dir",
                               str(text_dir), "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
@@ -125,4 +125,4 @@ def test_cli_reproduce_mfr_lm_expected_failures(tmp_path, args, match):
 
 def test_model_option_only_for_the_lm_setting(tmp_path):
     res = runner.invoke(app, ["reproduce", "mfr", "--setting", "synthetic", "--model", "x", "--out", str(tmp_path)])
-    assert res.exit_code != 0 and "--model applies to --setting lm" in cli_utils.flat(res.output)
+    assert res.exit_code != 0 and "--model (applies to --setting lm)" in cli_utils.flat(res.output)

@@ -17,7 +17,7 @@ from tests.cli_utils import flat
 @pytest.mark.slow
 def test_reproduce_polynomial_smoke_on_digits(tmp_path):
     out = tmp_path / "run"
-    args = ["reproduce", "polynomial", "--dataset", "digits", "--seeds", "2", "--out", str(out), "--smoke", "--quiet"]
+    args = ["reproduce", "polynomial", "--dataset", "digits", "--seeds", "2", "--out", str(out), "--quick", "--quiet"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
     res = json.loads((out / "results.json").read_text())
@@ -61,7 +61,7 @@ def test_reproduce_polynomial_rejects_bad_options(tmp_path):
 def test_reproduce_polynomial_final_only_quadratic_policy(tmp_path):
     """The final-only policy (`--quadratic-mixture-steps final`) yields gaps, not crashes."""
     out = tmp_path / "run"
-    args = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--steps", "32", "--quiet",
+    args = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--quick", "--steps", "32", "--quiet",
             "--quadratic-mixture-steps", "final"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
@@ -278,7 +278,7 @@ def _approximant_steps(out) -> set:
 @pytest.mark.slow
 def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path):
     out = tmp_path / "run"
-    base = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--smoke", "--quiet"]
+    base = ["reproduce", "polynomial", "--seeds", "1", "--out", str(out), "--quick", "--quiet"]
     assert CliRunner().invoke(app, [*base, "--steps", "32"]).exit_code == 0
     r = CliRunner().invoke(app, [*base, "--steps", "48"])  # extend: more training, attack at the new final step
     assert r.exit_code == 0, r.output + repr(r.exception)
@@ -292,7 +292,7 @@ def test_reproduce_extends_refuses_conflicts_and_reports_corrupt_files(tmp_path)
     r = CliRunner().invoke(app, [*base, "--steps", "32", "--covariance", "empirical"])
     assert r.exit_code == 1 and not isinstance(r.exception, (ValueError, OSError))
     text = flat(r.output)
-    assert "holds config.json of another run (covariance: saved 'ledoit-wolf', requested 'empirical')" in text
+    assert "holds run.json of another run (covariance: saved 'ledoit-wolf', requested 'empirical')" in text
     assert "Fix: to continue the run" in text and "--covariance ledoit-wolf" in text and "Traceback" not in text
 
     (out / "seed0" / "eval" / "step_0000024.json").write_text("{cut")
@@ -327,7 +327,11 @@ def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_
     saved = json.loads((out / "config.json").read_text())
     assert {k: saved.pop(k) for k in ADDED_FIELDS} == ADDED_FIELDS  # as an earlier version wrote it
     (out / "config.json").write_text(json.dumps(saved))
-    files = sorted(p for p in (out / "seed0").rglob("*") if p.is_file())
+    for f in out.rglob("run.json"):  # an earlier version kept no run record
+        f.unlink()
+    # approximants that record no step are refitted (they may be of another step); everything else is reused
+    files = sorted(p for p in (out / "seed0").rglob("*") if p.is_file() and "approximants" not in p.parts
+                   and not p.name.startswith((".mlpinterp", "run.json")))
     stamps = [p.stat().st_mtime_ns for p in files]
     with pytest.raises(RunConflictError, match=r"covariance: saved absent \(written before the field existed: "
                                                r"'empirical'\), requested 'ledoit-wolf'"):
@@ -398,7 +402,7 @@ def test_fit_approximants_warm_starts_the_mixture_cg():
 def test_smoke_on_mnist_is_small_and_fits_every_checkpoint(tmp_path):
     out = tmp_path / "run"
     args = ["reproduce", "polynomial", "--dataset", "mnist", "--seeds", "1", "--steps", "32", "--out", str(out),
-            "--smoke", "--quiet"]
+            "--quick", "--quiet"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
     res = json.loads((out / "results.json").read_text())
@@ -413,7 +417,7 @@ def test_mnist_14x14_warm_starts_the_mixture_quadratic_along_the_run(tmp_path):
     # 14x14 MNIST (d_in = 196) is past the dense solve: CG at every checkpoint, each started from the previous one.
     out = tmp_path / "run"
     args = ["reproduce", "polynomial", "--dataset", "mnist", "--seeds", "1", "--steps", "24", "--out", str(out),
-            "--smoke", "--max-image-side", "14", "--mc-samples", "500", "--quiet"]
+            "--quick", "--max-image-side", "14", "--mc-samples", "500", "--quiet"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
     infos = [json.loads((out / "seed0" / "eval" / f"step_{s:07d}.json").read_text())["approximants"]

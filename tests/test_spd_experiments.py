@@ -71,7 +71,7 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "metrics.json").read_text())["mmcs"] == m["mmcs"]
     bad = CliRunner().invoke(app, _args(tmp_path, "--lr", "0.5"))
-    assert bad.exit_code == 1 and "Error:" in bad.output and "checkpoint" in bad.output
+    assert bad.exit_code == 1 and "Error:" in bad.output and "run.json" in bad.output
     assert "lr: saved 0.01, requested 0.5" in bad.output, bad.output
     if not torch.cuda.is_available():
         nocuda = CliRunner().invoke(app, _args(tmp_path / "gpu", "--device", "cuda"))

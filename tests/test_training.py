@@ -284,6 +284,7 @@ def test_checkpoints_of_an_earlier_version_resume_with_the_behaviour_of_that_tim
     train_classifier(old, digits, tmp_path, progress=False)
     for path in tmp_path.glob("step_*.safetensors"):  # as an earlier version wrote them
         rewrite(path, lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k != "weight_decay"}})
+    (tmp_path / "run.json").unlink()  # an earlier version kept no run record
     stamp = (tmp_path / "step_0000024.safetensors").stat().st_mtime_ns
     with pytest.raises(RunConflictError, match=r"weight_decay: saved absent \(written before the field existed: "
                                                r"0.05\), requested 0.1") as info:

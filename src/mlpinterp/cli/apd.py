@@ -12,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from mlpinterp.cli.paramspace import Device, FidelityOpt, Lr, Out, Quick, Quiet, Seeds, Steps, Threads, run
+from mlpinterp.cli.options import THREADS_DEFAULT, Device, Lr, Out, Quick, Quiet, Steps, Threads
+from mlpinterp.cli.paramspace import FidelityOpt, Seeds, run
 
 
 class Setting(StrEnum):
@@ -30,9 +31,10 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
 
     @reproduce_app.command("apd")
     def reproduce_apd(
-        setting: Setting = typer.Option(..., "--setting", help="Toy setting to reproduce."),
-        out: Out = ..., seeds: Seeds = 3, quick: Quick = False, device: Device = "cpu", quiet: Quiet = False,
-        steps: Steps = None, lr: Lr = None, threads: Threads = 1, fidelity: FidelityOpt = None,
+        setting: Setting = typer.Option(Setting.tms_5_2, "--setting", help="Toy setting to reproduce."),
+        out: Out = Path("runs/apd"), seeds: Seeds = 3, quick: Quick = False, device: Device = "cpu",
+        quiet: Quiet = False, steps: Steps = None, lr: Lr = None, threads: Threads = THREADS_DEFAULT,
+        fidelity: FidelityOpt = None,
     ) -> None:
         """Train the target if needed, decompose it with APD, write figures, metrics.json, report.md and the
         self-contained report.html."""
@@ -48,12 +50,13 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
 
     @apd_app.command("train-target")
     def train_target(
-        setting: Setting = typer.Option(..., "--setting", help="Toy setting."),
+        setting: Setting = typer.Option(Setting.tms_5_2, "--setting", help="Toy setting."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the target (>= 0)."),
-        out: Path = typer.Option(..., "--out", help="Path of the .safetensors file (the suffix is appended unless "
-                                 "present; a .json is written beside)."),
-        quick: bool = typer.Option(False, "--quick", help="Reduced training recipe."),
-        quiet: bool = typer.Option(False, "--quiet"),
+        out: Path = typer.Option(Path("runs/apd-target.safetensors"), "--out", metavar="FILE",
+                                 help="Path of the .safetensors file (the suffix is appended unless present; a .json "
+                                      "is written beside)."),
+        quick: Quick = False,
+        quiet: Quiet = False,
         fidelity: FidelityOpt = None,
     ) -> None:
         """Train (or hand-code, for gated-trig) a toy target and save it atomically (TMS: the recipe of

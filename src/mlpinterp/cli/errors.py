@@ -7,8 +7,12 @@ precise message (it names the file or the argument) and the fix, never a Python 
 
 from __future__ import annotations
 
+import contextvars
+import errno
+import functools
 import os
-from collections.abc import Iterator
+import pickle
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -30,18 +34,73 @@ def _want_traceback() -> bool:
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
+_COMMAND_FIX: contextvars.ContextVar[str | None] = contextvars.ContextVar("command_fix", default=None)
+"""The fix of the command running now (its ``--help``), for an expected failure that brings none."""
+
+_DISK_FULL_FIX = "free space on that disk, or pass an --out on another one; a rerun resumes from the last file written"
+
+
+def _fix_for(e: BaseException, fix: str | None) -> str | None:
+    """The fix line for ``e``: its own ``fix`` attribute, a full disk's, ``fix``, or the running command's."""
+    own = getattr(e, "fix", None)
+    if own:
+        return own
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+            (_is_safetensors_error(e) and "space" in str(e).lower()):
+        return _DISK_FULL_FIX
+    return fix or _COMMAND_FIX.get()
+
+
+def _message(e: BaseException) -> str:
+    msg = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
+        msg = f"{msg}: {e.filename!s}"
+    if _is_safetensors_error(e) and "space" in msg.lower():
+        msg = f"writing a safetensors file failed: {msg} (the disk is full)"
+    return msg
+
+
+def _is_safetensors_error(e: BaseException) -> bool:
+    return type(e).__name__ == "SafetensorError"
+
+
+def _is_expected(e: BaseException) -> bool:
+    """Expected failures: bad values and paths (``ValueError``, ``OSError``, including a full disk; an empty file's
+    ``EOFError``, which click would print as a bare "Aborted."), a safetensors write or read error (not an ``OSError``), an
+    artifact error of :mod:`mlpinterp.utils.artifact` (any exception carrying a ``fix``), and a pickle refused by
+    ``torch.load(weights_only=True)``."""
+    return (isinstance(e, (ValueError, OSError, EOFError, pickle.UnpicklingError))
+            or _is_safetensors_error(e) or hasattr(e, "fix"))
+
+
 @contextmanager
 def expected_errors(fix: str | None = None) -> Iterator[None]:
-    """Turn ``ValueError``/``OSError`` raised inside the block into :func:`fail` with ``fix``.
+    """Turn an expected failure raised inside the block (:func:`_is_expected`) into :func:`fail` with ``fix``.
 
-    An exception carrying its own ``fix`` attribute (e.g. ``mlpinterp.models.RunConflictError``) uses that instead.
+    An exception carrying its own ``fix`` attribute (e.g. ``mlpinterp.models.RunConflictError``) uses that instead;
+    a full disk (``ENOSPC``) says to free space.
     """
     try:
         yield
-    except (ValueError, OSError) as e:
-        if _want_traceback():
+    except (typer.Exit, typer.BadParameter):  # a bad option value stays a usage error (exit 2, with the usage line)
+        raise
+    except Exception as e:
+        if not _is_expected(e) or _want_traceback():
             raise
-        msg = str(e) or type(e).__name__
-        if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
-            msg = f"{msg}: {e.filename!s}"
-        fail(msg, getattr(e, "fix", None) or fix)
+        fail(_message(e), _fix_for(e, fix))
+
+
+def guarded(command: Callable, name: str) -> Callable:
+    """``command`` (a Typer command function) with its expected failures printed as ``Error:``/``Fix:`` and exit
+    status 1 (the fix defaults to the command's ``--help``). Every command of the CLI is registered through it."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        token = _COMMAND_FIX.set(f"see `mlpinterp {name} --help`")
+        try:
+            with expected_errors():
+                return command(*args, **kwargs)
+        finally:
+            _COMMAND_FIX.reset(token)
+
+    return run

@@ -1,8 +1,5 @@
-"""Options and the run helper shared by ``reproduce apd`` and ``reproduce spd`` (the parameter-space toys).
-
-Each option is an ``Annotated`` type, so both commands declare ``seeds: Seeds = 3`` and get the same flag, bounds
-and help text.
-"""
+"""The option and the run helper only ``reproduce apd`` and ``reproduce spd`` (the parameter-space toys) share; the
+options of every command are in :mod:`mlpinterp.cli.options`."""
 
 from __future__ import annotations
 
@@ -12,31 +9,9 @@ from typing import Annotated
 
 import typer
 
-
-def _positive(value: float | None) -> float | None:
-    if value is not None and not value > 0:  # also NaN
-        raise typer.BadParameter(f"must be > 0, got {value}")
-    return value
-
-
-def _non_empty(value: Path) -> Path:
-    if str(value).strip() in ("", "."):
-        raise typer.BadParameter("must name a directory other than the current one (an empty path or '.' would "
-                                 "write metrics.json, report.* and seed*/ into it)")
-    return value
-
+from mlpinterp.cli.options import Device, Lr, Out, Quick, Quiet, Steps, Threads  # noqa: F401 - re-exported
 
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (targets and decompositions).")]
-Out = Annotated[Path, typer.Option("--out", callback=_non_empty,
-                                   help="Output directory (resumable: a rerun continues).")]
-Quick = Annotated[bool, typer.Option("--quick/--no-quick", help="Reduced CPU preset (fewer steps, smaller batches): "
-                                                                 "a pipeline check, never a reproduction.")]
-Device = Annotated[str, typer.Option("--device", help="Where to train: cpu, cuda, cuda:1, ...")]
-Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", help="No progress bars.")]
-Steps = Annotated[int | None, typer.Option("--steps", min=1, help="Override the preset's number of steps.")]
-Lr = Annotated[float | None, typer.Option("--lr", callback=_positive,
-                                          help="Override the preset's peak learning rate (> 0).")]
-Threads = Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads.")]
 
 
 class Fidelity(StrEnum):
@@ -59,11 +34,10 @@ def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool
         lr: float | None, threads: int, device: str, config: dict | None = None, **extra) -> dict:
     """Call ``reproduce(setting, seeds, out, ...)`` with the overrides (``steps``, ``lr`` and the configuration
     fields in ``config``) and ``extra`` keyword arguments, expected failures as ``Error:``/``Fix:``."""
-    import torch
-
     from mlpinterp.cli.errors import expected_errors
+    from mlpinterp.cli.options import set_threads
 
-    torch.set_num_threads(threads)
+    set_threads(threads)
     overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {}), **(config or {})}
     with expected_errors():  # the library's messages name the argument or file and the fix
         return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device,

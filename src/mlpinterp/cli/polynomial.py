@@ -10,10 +10,11 @@ import numpy as np
 import typer
 
 from mlpinterp.cli.errors import expected_errors, fail
+from mlpinterp.cli.options import THREADS_DEFAULT, Device, Quiet, Threads, _non_empty, flag, set_threads
 from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
-from mlpinterp.utils.validation import saved_value
+from mlpinterp.utils.validation import ABSENT, saved_value
 
 
 class DatasetName(StrEnum):
@@ -55,7 +56,7 @@ _SMOKE_HELP = ", ".join(f"{k} {_g(v)}" for k, v in SMOKE.items())
 #: config field -> the CLI option that sets it (for the fix of a resume conflict)
 _FLAGS = {"d_hidden": "--d-hidden", "arch": "--arch", "activation": "--activation", "lr": "--lr",
           "warmup_steps": "--warmup-steps", "seed": "--seed", "dataset": "--dataset", "mc_samples": "--mc-samples",
-          "covariance": "--covariance", "quadratic_mixture_steps": "--quadratic-mixture-steps", "smoke": "--smoke",
+          "covariance": "--covariance", "quadratic_mixture_steps": "--quadratic-mixture-steps", "smoke": "--quick",
           "mixture_cg_dtype": "--mixture-cg-dtype", "max_image_side": "--max-image-side"}
 
 
@@ -64,6 +65,8 @@ def _conflict_fix(e, out: Path) -> str:
     was written before has the value of that time."""
     opts, other = [], []
     for k, (saved, _) in sorted(e.diff.items()):
+        if saved is ABSENT:  # the saved run never had this setting: nothing to pass
+            continue
         saved = saved_value(saved)
         flag = _FLAGS.get(k)
         if flag is None:
@@ -160,6 +163,9 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
         for name, file in (("--mean", mean), ("--cov", cov)):
             try:
                 arr = np.load(file, allow_pickle=False)
+            except EOFError:  # an empty file (click would report an EOFError as a bare "Aborted.")
+                fail(f"{name} {str(file)!r} is an empty file, not a .npy array",
+                     f"pass a .npy file written by numpy.save (the mean [d_in = {d}], the covariance [{d}, {d}])")
             except (ValueError, OSError) as e:
                 raise typer.BadParameter(f"cannot read {str(file)!r} as a .npy array ({e})", param_hint=name) from e
             if not isinstance(arr, np.ndarray):  # .npz archives load as NpzFile
@@ -169,6 +175,10 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
                     f"{str(file)!r} must be a .npy file holding one array, got a {type(arr).__name__} (.npz?)",
                     param_hint=name,
                 )
+            if arr.size == 0:
+                fail(f"{name} {str(file)!r} holds an empty array (shape {list(arr.shape)})",
+                     f"pass the {'mean [d_in]' if name == '--mean' else 'covariance [d_in, d_in]'} with d_in = {d}, "
+                     "the network's input size")
             arrays.append(arr)
         try:
             return Gaussian(*arrays)
@@ -234,8 +244,9 @@ def approx(
 
 
 def train(
-    out: Annotated[Path, typer.Option(help="Checkpoint directory (re-running resumes; a larger --steps extends a "
-                                           "finished run).")],
+    out: Annotated[Path, typer.Option("--out", callback=_non_empty, metavar="DIR",
+                                      help="Checkpoint directory (a run directory: locked while in use; re-running "
+                                           "resumes; a larger --steps extends a finished run).")] = Path("runs/train"),
     dataset: Annotated[DatasetName, typer.Option(help="Training data.")] = DatasetName.digits,
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
     d_hidden: Annotated[int | None, typer.Option(help=f"{_CLS['d_hidden']}",
@@ -248,7 +259,9 @@ def train(
     warmup_steps: Annotated[int, typer.Option(help=_CLS["warmup_steps"])] = field_default(ClassifierConfig,
                                                                                           "warmup_steps"),
     seed: Annotated[int, typer.Option(help=_CLS["seed"])] = field_default(ClassifierConfig, "seed"),
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Quiet = False,
+    threads: Threads = THREADS_DEFAULT,
+    device: Device = "cpu",
 ) -> None:
     """Train a one-hidden-layer classifier with log-spaced, atomic, resumable checkpoints."""
     from mlpinterp.data import load_dataset
@@ -270,7 +283,7 @@ def train(
     before = [s for s, _ in find_checkpoints(out)]
     with expected_errors():  # the library's messages name the file and say what to delete
         try:
-            paths = train_classifier(cfg, data, out, progress=not quiet)
+            paths = train_classifier(cfg, data, out, progress=not quiet, threads=threads, device=device)
         except RunConflictError as e:
             fail(e.problem, _conflict_fix(e, out))
     done_before = [s for s in before if s <= steps]
@@ -287,8 +300,10 @@ def reproduce_polynomial(
     dataset: Annotated[DatasetName, typer.Option(help=_REPRO["dataset"])] = DatasetName.digits,
     seeds: Annotated[int, typer.Option(help=_REPRO["seeds"] + " Error bands are mean ± std; one seed shows none.")
                      ] = field_default(PolynomialReproConfig, "seeds"),
-    out: Annotated[Path, typer.Option(help="Output directory (re-running resumes; more --seeds or another --steps "
-                                           "extend it).")] = Path("runs/polynomial"),
+    out: Annotated[Path, typer.Option("--out", callback=_non_empty, metavar="DIR",
+                                      help="Output directory (a run directory: locked while in use; re-running "
+                                           "resumes; more --seeds or another --steps extend it).")
+                   ] = Path("runs/polynomial"),
     steps: Annotated[int | None, typer.Option(help="Training steps.",
                                               show_default=_per_dataset("steps"))] = None,
     d_hidden: Annotated[int | None, typer.Option(help="Hidden width.",
@@ -310,15 +325,19 @@ def reproduce_polynomial(
         PolynomialReproConfig, "mixture_cg_dtype"),
     max_image_side: Annotated[int | None, typer.Option(help=_REPRO["max_image_side"], show_default="full size")] = None,
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help=f"{_REPRO['smoke']} Sets {_SMOKE_HELP}; its report draws "
-                                                        "no verdict.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    quick: Annotated[bool, flag("--quick/--no-quick", help=f"{_REPRO['smoke']} Sets {_SMOKE_HELP}; its report draws "
+                                                             "no verdict.")] = False,
+    smoke: Annotated[bool, flag("--smoke", help="Old spelling of --quick.", hidden=True)] = False,
+    quiet: Quiet = False,
+    threads: Threads = THREADS_DEFAULT,
 ) -> None:
     """Train, convert every checkpoint into exact polynomial approximants, and write figures + report."""
     from mlpinterp.experiments.polynomial_repro import run_polynomial_repro
     from mlpinterp.models import RunConflictError
 
     _check_out_dir(out)
+    set_threads(threads)
+    smoke = quick or smoke
     try:
         cfg = PolynomialReproConfig(dataset=dataset.value, seeds=seeds, steps=steps, d_hidden=d_hidden, lr=lr, arch=arch,
                                     activation=activation, warmup_steps=warmup_steps, mc_samples=mc_samples,
@@ -331,7 +350,7 @@ def reproduce_polynomial(
     _warmup_notice(r["warmup_steps"], r["steps"], r["lr"])
     with expected_errors():  # messages name the file (corrupt: delete it) or the missing data and how to get it
         try:
-            res = run_polynomial_repro(cfg, out, quiet=quiet)
+            res = run_polynomial_repro(cfg, out, quiet=quiet, threads=threads)
         except RunConflictError as e:
             fail(e.problem, _conflict_fix(e, out))
     _print_summary(res, out)
@@ -345,7 +364,7 @@ def _print_summary(res: dict, out: Path) -> None:
     con = _console()
     n = res["seeds"]
     spread = f"mean ± std over {n} seeds" if n > 1 else "one seed: no spread"
-    smoke = " - smoke run, not a reproduction" if res["config"].get("smoke") else ""
+    smoke = " - quick run, not a reproduction" if res["config"].get("smoke") else ""
     t = Table(title=f"{res['dataset']['name']}: final checkpoint ({spread}){smoke}")
     for col in ("approximant", "FVU mixture", "FVU test", "KL test [nats]", "test acc"):
         t.add_column(col)

@@ -16,13 +16,44 @@ without a traceback.
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
 from mlpinterp.cli.errors import expected_errors, fail
+from mlpinterp.cli.options import THREADS_DEFAULT, Device, Out, Quick, Quiet, Threads, flag, many, only_for, set_threads
 
 _MULTI = {"allow_extra_args": True, "ignore_unknown_options": False}
+
+
+class MfrSetting(StrEnum):
+    """Settings of ``reproduce mfr``."""
+
+    synthetic = "synthetic"
+    minilm = "minilm"
+    lm = "lm"
+    gpt2 = "gpt2"
+    eeg = "eeg"
+
+
+class Normalize(StrEnum):
+    none = "none"
+    expected_average_only_in = "expected_average_only_in"
+
+
+class Autocast(StrEnum):
+    none = "none"
+    bf16 = "bf16"
+
+
+class Distributed(StrEnum):
+    none = "none"
+    ddp = "ddp"
+    ensemble = "ensemble"
+
+
+_TEXT_SETTINGS = ("minilm", "lm", "gpt2")
 
 
 def _eval_texts(text_dir: Path | None) -> tuple[list[str], list[str], list[str]]:
@@ -52,245 +83,302 @@ def _k_values(k: list[str], extra: list[str]) -> tuple[int, ...]:
     return tuple(vals)
 
 
-def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
-    """Attach this module's commands to the top-level app and to reproduce."""
-    sae_app = typer.Typer(help="Sparse autoencoders: train TopK SAEs (optionally with MFR) on any module.",
-                          no_args_is_help=True)
-    app.add_typer(sae_app, name="sae")
+def reproduce_mfr(
+    ctx: typer.Context,
+    setting: MfrSetting = typer.Option(MfrSetting.synthetic, help="synthetic | minilm | lm (a causal LM's layer-0 MLP "
+                                       "output, the paper's Table 2) | gpt2 (mid-depth residual stream; weights on "
+                                       "disk) | eeg (EDF recordings under --data)."),
+    model: str | None = typer.Option(None, help="--setting lm: a train-lm output directory or 'gpt2' (weights on "
+                                     "disk).", show_default="gpt2"),
+    k: list[str] | None = many(None, "--k", metavar="K", help="TopK k values: --k 6 12 18 24 30 (or --k 6,12).",
+                               show_default="the setting's (synthetic, minilm: 6 12 18 24 30); --quick: one k"),
+    seeds: int | None = typer.Option(None, min=1, help="Seeds per (k, condition).",
+                                     show_default="3; --quick: 1"),
+    out: Out = Path("runs/mfr"),
+    quick: Quick = False,
+    quiet: Quiet = False,
+    steps: int | None = typer.Option(None, min=1, help="Override the setting's number of steps.",
+                                     show_default="the setting's"),
+    device: Device = "cpu",
+    hook_point: str | None = typer.Option(None, help="minilm/gpt2/lm: the hook point.", show_default="minilm, gpt2: a "
+                                          "mid-depth residual stream; lm: transformer.h.0.mlp"),
+    text_dir: Path | None = typer.Option(None, help="minilm/lm/gpt2: directory of *.txt documents (files with 'test' "
+                                         "in the name are held out).", show_default="../shared/data/text"),
+    data: Path | None = typer.Option(None, help="--setting eeg: directory of EDF/EDF+ recordings (searched "
+                                     "recursively), e.g. a TUH EEG download."),
+    channels: str | None = typer.Option(None, help="--setting eeg: comma-separated channel labels as in the EDF "
+                                        "header.", show_default="those common to every recording"),
+    window: int | None = typer.Option(None, min=1, help="--setting eeg: samples per vector at 128 Hz (1: one "
+                                      "channel vector per time step).", show_default="32"),
+    n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
+    alpha: float | None = typer.Option(None, help="MFR penalty weight (>= 0).",
+                                       show_default="auto: initial penalty = initial loss"),
+    extra_alpha: list[float] = many([0.1], "--extra-alpha", metavar="ALPHA",
+                                    help="Fixed penalty weight run as an extra condition mfr_alpha<a>; repeat for "
+                                         "several."),
+    no_extra_alpha: bool = flag("--no-extra-alpha", default=False, help="Run no fixed-alpha condition."),
+    threads: Threads = THREADS_DEFAULT,
+    inactivity_threshold: float | None = typer.Option(None, min=0.0, help="Re-initialise an SAE whose inactivity "
+                                                      "measure exceeds this.", show_default="1, the paper's"),
+) -> None:
+    """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
+    from mlpinterp.experiments import mfr as exp_mod
 
-    @reproduce_app.command("mfr", context_settings=_MULTI)
-    def reproduce_mfr(
-        ctx: typer.Context,
-        setting: str = typer.Option("synthetic", help="synthetic | minilm | lm (a causal LM's layer-0 MLP output, "
-                                    "the paper's Table 2) | gpt2 (mid-depth residual stream; weights on disk)"),
-        model: str = typer.Option("", help="--setting lm: a train-lm output directory or 'gpt2' (weights on disk; "
-                                  "default gpt2)."),
-        k: list[str] = typer.Option([], help="TopK k values: --k 6 12 18 24 30 (default: the setting's; "
-                                    "--quick: fewer)"),
-        seeds: int = typer.Option(0, min=0, help="Seeds per (k, condition) (0: the setting's default)."),
-        out: Path = typer.Option(Path("runs/mfr"), help="Output directory (resumable)."),
-        quick: bool = typer.Option(False, help="Small budget (minutes on a CPU)."),
-        quiet: bool = typer.Option(False, help="No progress bars."),
-        steps: int = typer.Option(0, min=0, help="Override the number of steps (0: setting default)."),
-        device: str = typer.Option("cpu", help="torch device, e.g. cuda."),
-        hook_point: str = typer.Option("", help="Hook point for minilm/gpt2 (default: a mid-depth residual stream) "
-                                       "or lm (default: transformer.h.0.mlp)."),
-        text_dir: Path = typer.Option(None, help="minilm/lm/gpt2: directory of *.txt documents (default: "
-                                      "../shared/data/text; files with 'test' in the name are held out)."),
-        data: Path = typer.Option(None, help="--setting eeg: directory of EDF/EDF+ recordings (searched "
-                                  "recursively), e.g. a TUH EEG download."),
-        channels: str = typer.Option("", help="--setting eeg: comma-separated channel labels as in the EDF header "
-                                     "(default: those common to every recording)."),
-        window: int = typer.Option(0, min=0, help="--setting eeg: samples per vector at 128 Hz (0: 32; 1: one "
-                                   "channel vector per time step)."),
-        n_saes: int = typer.Option(2, min=2, help="SAEs trained in parallel."),
-        alpha: float = typer.Option(-1.0, help="MFR penalty weight (negative: auto, initial penalty = initial loss)."),
-        extra_alpha: list[float] = typer.Option([0.1], help="Fixed penalty weight run as an extra condition "
-                                                "mfr_alpha<a>; repeat for several; a negative value: none."),
-        threads: int = typer.Option(1, "--threads", min=1, help="torch CPU threads (1 is fastest on a shared CPU)."),
-        inactivity_threshold: float = typer.Option(-1.0, help="Re-initialise an SAE whose inactivity measure exceeds "
-                                                   "this (negative: the setting's default, 1, the paper's)."),
-    ) -> None:
-        """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
-        import torch
+    setting = MfrSetting(setting).value
+    only_for(setting, {"--data": (data, ("eeg",)), "--channels": (channels, ("eeg",)),
+                       "--window": (window, ("eeg",)), "--model": (model, ("lm",)),
+                       "--hook-point": (hook_point, _TEXT_SETTINGS), "--text-dir": (text_dir, _TEXT_SETTINGS)})
+    set_threads(threads)
+    kw = {"n_saes": n_saes, "alpha": alpha,
+          **({"k_values": _k_values(k or [], ctx.args)} if k or ctx.args else {}),
+          **({"seeds": seeds} if seeds is not None else {}),
+          "extra_alphas": () if no_extra_alpha else tuple(extra_alpha),
+          **({"steps": steps} if steps is not None else {}),
+          **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold is not None else {})}
+    with expected_errors():
+        if setting == "eeg":
+            metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
+        else:
+            metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
+    from mlpinterp.utils.rundir import wall_time_statement
 
-        from mlpinterp.experiments import mfr as exp_mod
+    typer.echo(f"wrote {out / 'report.md'} ({wall_time_statement(metrics['seconds'], metrics.get('sessions'))})")
 
-        torch.set_num_threads(threads)
-        kw = {**({"k_values": _k_values(k, ctx.args)} if k or ctx.args else {}),
-              **({"seeds": seeds} if seeds else {}), "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
-              "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
-              **({"steps": steps} if steps else {}),
-              **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
-        with expected_errors():
-            if (data is not None or channels or window) and setting != "eeg":
-                raise typer.BadParameter(f"--data, --channels and --window apply to --setting eeg, got --setting "
-                                         f"{setting!r}")
-            if setting == "eeg":
-                metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
-            else:
-                metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
-        typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
 
-    def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str,
-                 window: int) -> dict:
-        """``reproduce mfr --setting eeg``; returns the metrics dict."""
-        from mlpinterp.data.eeg import EegConfig
-        from mlpinterp.experiments.mfr_eeg import EegExperiment, run_eeg
+def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str | None,
+             window: int | None) -> dict:
+    """``reproduce mfr --setting eeg``; returns the metrics dict."""
+    from mlpinterp.data.eeg import EegConfig
+    from mlpinterp.experiments.mfr_eeg import EegExperiment, run_eeg
 
-        if data is None:
-            fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
-                 "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/guides/sae.md, EEG)")
-        eeg = EegConfig(channels=tuple(c.strip() for c in channels.split(",") if c.strip()) or None,
-                        **({"window": window} if window else {}))
-        exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)
-        return run_eeg(out, exp, data, quiet=quiet, device=device)
+    if data is None:
+        fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
+             "pass --data, e.g. the edf/ folder of a TUH EEG download (see docs/guides/sae.md, EEG)")
+    eeg = EegConfig(channels=tuple(c.strip() for c in (channels or "").split(",") if c.strip()) or None,
+                    **({"window": window} if window is not None else {}))
+    exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)
+    return run_eeg(out, exp, data, quiet=quiet, device=device)
 
-    def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str,
-                 out: Path, model: str = "", text_dir: Path | None = None) -> dict:
-        """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
-        if model and setting != "lm":
-            raise typer.BadParameter(f"--model applies to --setting lm, got --setting {setting!r}")
-        if setting == "lm":
-            kw.update(model=model or "gpt2", **({"hook_point": hook_point} if hook_point else {}))
-            exp = exp_mod.LmExperiment.quick(**kw) if quick else exp_mod.LmExperiment(**kw)
-            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
-        if setting == "synthetic":
-            exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
-            return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
-        if setting in ("minilm", "gpt2"):
-            if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
-                kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
-            elif hook_point:
-                kw["hook_point"] = hook_point
-            exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
-            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
-        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg', got {setting!r}")
 
-    @sae_app.command("train")
-    def train(
-        model: str = typer.Option("minilm", help="'minilm' (embedded), or a local Hugging Face name/path."),
-        hook_point: str = typer.Option("encoder.layer.3.output", help="Module path whose output is read."),
-        k: int = typer.Option(32, min=1, help="TopK k."),
-        d_sae: int = typer.Option(3072, min=1, help="Number of latents."),
-        tied: bool = typer.Option(False, help="Tie the decoder to the encoder."),
-        n_saes: int = typer.Option(1, min=1, help="SAEs trained in parallel."),
-        mfr: bool = typer.Option(False, help="MFR penalty and re-initialisation (needs --n-saes >= 2)."),
-        steps: int = typer.Option(1000, min=1, help="Optimisation steps (re-run with more to extend a run)."),
-        batch_size: int = typer.Option(4096, min=1, help="Activations per step (global)."),
-        ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
-        max_chunks: int = typer.Option(0, min=0, help="Use at most this many text chunks (0: all)."),
-        text_dir: Path = typer.Option(None, help="Directory of *.txt files (default: bundled corpora); files with "
-                                      "'test' in the name are held out for the metrics."),
-        eval_chunks: int = typer.Option(32, min=0, help="Held-out chunks for SAEBench core metrics (0: none)."),
-        normalize_activations: str = typer.Option("none", help="none | expected_average_only_in (scale inputs "
-                                                  "so E||x|| = sqrt(d_in); metrics stay in original units)."),
-        autocast: str = typer.Option("none", help="none | bf16: torch.autocast bfloat16 for training."),
-        allow_hook_mismatch: bool = typer.Option(False, help="Resume a checkpoint of another hook point/model "
-                                                 "anyway (warns)."),
-        cache: bool = typer.Option(False, help="Cache activations to OUT/activation_cache."),
-        out: Path = typer.Option(Path("runs/sae"), help="Output directory (sae_{i}/sae.safetensors + cfg.json)."),
-        seed: int = typer.Option(0, help="Seed."),
-        distributed: str = typer.Option("none", help="none | ddp | ensemble (launch with torchrun)."),
-        device: str = typer.Option("cpu", help="torch device."),
-        quiet: bool = typer.Option(False, help="No progress bar."),
-        threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: torch's default)."),
-        activations: Path = typer.Option(None, help="Train one SAE on activations on disk instead of a model: a "
-                                         "safetensors file with 'train' [n, d_in] and optionally 'test' (metrics)."),
-        tokens: int = typer.Option(0, min=0, help="Training activations (0: --steps x --batch-size)."),
-    ) -> None:
-        """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT (or of --activations FILE); resumes from OUT."""
-        import torch
+def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str | None,
+             out: Path, model: str | None = None, text_dir: Path | None = None) -> dict:
+    """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
+    if setting == "lm":
+        kw.update(model=model or "gpt2", **({"hook_point": hook_point} if hook_point else {}))
+        exp = exp_mod.LmExperiment.quick(**kw) if quick else exp_mod.LmExperiment(**kw)
+        return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
+    if setting == "synthetic":
+        exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
+        return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
+    if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
+        kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
+    elif hook_point:
+        kw["hook_point"] = hook_point
+    exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
+    return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
 
-        if threads:
-            torch.set_num_threads(threads)
-        if activations is not None:
-            _train_on_file(activations, out, d_sae, k, tokens or steps * batch_size, batch_size, seed, quiet)
-            return
-        if autocast not in ("none", "bf16"):
-            raise typer.BadParameter(f"--autocast must be 'none' or 'bf16', got {autocast!r}")
-        from mlpinterp.lm.models import canonical_model_name, load_model
-        from mlpinterp.sae.activations import ActivationConfig, ActivationSource
-        from mlpinterp.sae.mfr import MfrConfig, MfrTrainer, init_distributed
-        from mlpinterp.sae.topk import SaeConfig
 
-        with expected_errors():
-            try:
-                cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=k, tied=tied), n_saes=n_saes, penalty=mfr, reinit=mfr,
-                                seed=seed, normalize_activations=normalize_activations)  # type: ignore[arg-type]
-            except (TypeError, ValueError) as e:
-                raise typer.BadParameter(str(e)) from e
-            dcfg = init_distributed(distributed)  # type: ignore[arg-type]
-            net, tok = load_model(model)
-            train_texts, held_texts, held_files = _eval_texts(text_dir)
-            # ddp: every rank reads its own shard of the text and contributes batch_size / world activations
-            ddp = dcfg.mode == "ddp"
-            if ddp and batch_size % dcfg.world:
-                raise typer.BadParameter(f"--batch-size {batch_size} must be divisible by the world size {dcfg.world}")
-            acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len,
-                                    batch_size=batch_size // dcfg.world if ddp else batch_size,
-                                    max_chunks=max_chunks or None, seed=seed,
-                                    rank=dcfg.rank if ddp else 0, world=dcfg.world if ddp else 1)
-            cache_dir = out / (f"activation_cache_rank{acfg.rank}" if ddp else "activation_cache") if cache else None
-            src = ActivationSource(net, tok, acfg, texts=train_texts, cache_dir=cache_dir)
-            trainer = MfrTrainer(src.d_in, cfg, dcfg, device=device, model_name=canonical_model_name(model),
-                                 hook_point=hook_point)
-            trainer.load_checkpoint(out, allow_mismatch=allow_hook_mismatch, override="--allow-hook-mismatch")
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-                trainer.fit(iter(src), steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
-            last = trainer.history[-1] if trainer.history else {}
-            typer.echo(f"saved {len(trainer.saes)} SAE(s) under {out}; last reconstruction loss {last.get('recon')}")
-            if eval_chunks and dcfg.rank == 0:
-                from mlpinterp.lm.text import token_chunks
-                from mlpinterp.sae.evaluate import evaluate_sae
+def sae_train(
+    model: str = typer.Option("minilm", help="'minilm' (embedded), or a local Hugging Face name/path."),
+    hook_point: str = typer.Option("encoder.layer.3.output", help="Module path whose output is read."),
+    k: int = typer.Option(32, min=1, help="TopK k."),
+    d_sae: int = typer.Option(3072, min=1, help="Number of latents."),
+    tied: bool = flag("--tied/--no-tied", default=False, help="Tie the decoder to the encoder."),
+    n_saes: int = typer.Option(1, min=1, help="SAEs trained in parallel."),
+    mfr: bool = flag("--mfr/--no-mfr", default=False, help="MFR penalty and re-initialisation (needs --n-saes >= 2)."),
+    steps: int = typer.Option(1000, min=1, help="Optimisation steps (re-run with more to extend a run)."),
+    batch_size: int = typer.Option(4096, min=1, help="Activations per step (global)."),
+    ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
+    max_chunks: int | None = typer.Option(None, min=1, help="Use at most this many text chunks.", show_default="all"),
+    text_dir: Path | None = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are held "
+                                         "out for the metrics.", show_default="bundled corpora"),
+    eval_chunks: int = typer.Option(32, min=0, help="Held-out chunks for SAEBench core metrics (0: none)."),
+    normalize_activations: Normalize = typer.Option(Normalize.none, help="expected_average_only_in: scale inputs so "
+                                                    "E||x|| = sqrt(d_in) (metrics stay in original units)."),
+    autocast: Autocast = typer.Option(Autocast.none, help="bf16: torch.autocast bfloat16 for training."),
+    allow_hook_mismatch: bool = flag("--allow-hook-mismatch/--no-allow-hook-mismatch", default=False,
+                                     help="Resume a checkpoint of another hook point/model anyway (warns)."),
+    cache: bool = flag("--cache/--no-cache", default=False, help="Cache activations to OUT/activation_cache."),
+    out: Out = Path("runs/sae"),
+    seed: int = typer.Option(0, help="Seed."),
+    distributed: Distributed = typer.Option(Distributed.none, help="ddp | ensemble: launch with torchrun."),
+    device: Device = "cpu",
+    quiet: Quiet = False,
+    threads: Threads = THREADS_DEFAULT,
+    activations: Path | None = typer.Option(None, help="Train one SAE on activations on disk instead of a model: a "
+                                            "safetensors file with 'train' [n, d_in] and optionally 'test' (metrics)."),
+    tokens: int | None = typer.Option(None, min=1, help="Training activations with --activations.",
+                                      show_default="--steps x --batch-size"),
+) -> None:
+    """Train TopK SAE(s) on the activations of MODEL at HOOK_POINT (or of --activations FILE); resumes from OUT."""
+    from mlpinterp.lm.models import check_model_dir
+    from mlpinterp.utils.rundir import check_out_dir
 
-                ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
-                with trainer.averaged() as saes:  # the weights that were saved
-                    results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
-                                                                  special_ids=tok.all_special_ids)}
-                               for i, sae in zip(trainer.owned, saes, strict=True)]
-                from mlpinterp.utils.io import atomic_write_json
+    with expected_errors():  # refused before the model is loaded
+        out = check_out_dir(out)
+    if activations is not None:
+        set_threads(threads)
+        _train_on_file(activations, out, d_sae, k, tokens or steps * batch_size, batch_size, seed, quiet)
+        return
+    with expected_errors():
+        if Path(model).expanduser().is_dir():
+            check_model_dir(Path(model).expanduser())
+    set_threads(threads)
+    from mlpinterp.lm.models import canonical_model_name
+    from mlpinterp.sae.mfr import MfrConfig, init_distributed
+    from mlpinterp.sae.topk import SaeConfig
 
-                atomic_write_json(out / "metrics.json", {
-                    "model_name": trainer.model_name, "hook_point": hook_point, "steps": trainer.step,
-                    "input_scale": trainer.input_scale, "eval": {"files": held_files, "chunks": int(ids.shape[0]),
-                                                                 "ctx_len": ctx_len}, "saebench_core": results})
-                ev = [r["reconstruction_quality"]["explained_variance"] for r in results]
-                typer.echo(f"SAEBench core metrics of {len(results)} SAE(s) on {int(ids.shape[0])} held-out chunks "
-                           f"-> {out / 'metrics.json'} (explained variance {', '.join(f'{v:.3f}' for v in ev)})")
+    with expected_errors():
+        try:
+            cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=k, tied=tied), n_saes=n_saes, penalty=mfr, reinit=mfr,
+                            seed=seed, normalize_activations=normalize_activations.value)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as e:
+            raise typer.BadParameter(str(e)) from e
+        dcfg = init_distributed(distributed.value)  # type: ignore[arg-type]
+        ddp = dcfg.mode == "ddp"
+        if ddp and batch_size % dcfg.world:
+            raise typer.BadParameter(f"--batch-size {batch_size} must be divisible by the world size {dcfg.world}")
+        # one writer per directory: rank 0 holds the run directory (the others write their own shards under it)
+        run_cfg = {"model": canonical_model_name(model), "hook_point": hook_point, "k": k, "d_sae": d_sae,
+                   "tied": tied, "n_saes": n_saes, "mfr": mfr, "batch_size": batch_size, "ctx_len": ctx_len,
+                   "max_chunks": max_chunks, "normalize_activations": normalize_activations.value, "seed": seed,
+                   "distributed": distributed.value}
+        with _open_if_rank0(dcfg.rank, out, run_cfg, allow_hook_mismatch):
+            _sae_train_open(cfg, dcfg, out, model=model, hook_point=hook_point, steps=steps, batch_size=batch_size,
+                            ctx_len=ctx_len, max_chunks=max_chunks, text_dir=text_dir, eval_chunks=eval_chunks,
+                            autocast=autocast, allow_hook_mismatch=allow_hook_mismatch, cache=cache, seed=seed,
+                            device=device, quiet=quiet)
 
-    def _train_on_file(path: Path, out: Path, d_sae: int, k: int, tokens: int, batch_size: int, seed: int,
-                       quiet: bool) -> None:
-        """``sae train --activations FILE``: one SAE with the default recipe (:func:`train_on_activations`)."""
-        from mlpinterp.sae.train import train_on_activations
 
-        fix = ("pass a safetensors file with a finite floating-point 'train' tensor [n, d_in] (and optionally 'test' "
-               "[n_test, d_in]), e.g. written by mlpinterp.sae.cached.write_activations")
-        with expected_errors(fix):
-            _, metrics = train_on_activations(path, out, d_sae=d_sae, k=k, tokens=tokens, batch_size=batch_size,
-                                              seed=seed, quiet=quiet)
-        core = metrics["saebench_core"]
-        ev = f"; held-out explained variance {core[0]['reconstruction_quality']['explained_variance']:.4f} on " \
-             f"{metrics['n_test']} test activations" if core else ""
-        typer.echo(f"saved the SAE under {out / 'sae_0'} ({metrics['steps']} steps, {metrics['tokens']} tokens){ev}")
+def _train_on_file(path: Path, out: Path, d_sae: int, k: int, tokens: int, batch_size: int, seed: int,
+                   quiet: bool) -> None:
+    """``sae train --activations FILE``: one SAE with the default recipe (:func:`train_on_activations`)."""
+    from mlpinterp.sae.train import train_on_activations
 
-    @sae_app.command("eval")
-    def evaluate(
-        sae_dir: Path = typer.Argument(..., help="Directory holding cfg.json + the .safetensors (ours, sparsify's "
-                                       "or SAELens's)."),
-        model: str = typer.Option("", help="Model (default: the one the SAE records; 'minilm' or a local path)."),
-        hook_point: str = typer.Option("", help="Hook point (default: the one the SAE records)."),
-        allow_hook_mismatch: bool = typer.Option(False, help="Evaluate at another hook point/model than the SAE "
-                                                 "records anyway (warns)."),
-        eval_chunks: int = typer.Option(400, min=1, help="Held-out text chunks (400 of 128 tokens: 50,400 content "
-                                        "tokens, enough for the density metrics at a 1/50,000 resolution)."),
-        ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
-        text_dir: Path = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are used."),
-        out: Path = typer.Option(None, help="Write the metrics to this JSON file (default: print them)."),
-    ) -> None:
-        """SAEBench core metrics of a saved SAE at its hook point (KL / CE scores for causal LMs)."""
-        from mlpinterp.lm.models import canonical_model_name, load_model
+    fix = ("pass a safetensors file with a finite floating-point 'train' tensor [n, d_in] (and optionally 'test' "
+           "[n_test, d_in]), e.g. written by mlpinterp.sae.cached.write_activations")
+    with expected_errors(fix):
+        _, metrics = train_on_activations(path, out, d_sae=d_sae, k=k, tokens=tokens, batch_size=batch_size,
+                                          seed=seed, quiet=quiet)
+    core = metrics["saebench_core"]
+    ev = (f"; held-out explained variance {core[0]['reconstruction_quality']['explained_variance']:.4f} on "
+          f"{metrics['n_test']} test activations" if core else "")
+    typer.echo(f"saved the SAE under {out / 'sae_0'} ({metrics['steps']} steps, {metrics['tokens']} tokens){ev}")
+
+
+def _open_if_rank0(rank: int, out: Path, run_cfg: dict, allow_hook_mismatch: bool):
+    """The run directory opened by rank 0 (steps may grow between sessions; with --allow-hook-mismatch the model
+    and hook point may change too)."""
+    from contextlib import nullcontext
+
+    from mlpinterp.utils.rundir import open_run
+
+    if rank != 0:
+        return nullcontext()
+    resumable = ("steps", "model", "hook_point") if allow_hook_mismatch else ("steps",)
+    return open_run(out, "sae train", run_cfg, resumable=resumable)
+
+
+def _sae_train_open(cfg, dcfg, out: Path, *, model: str, hook_point: str, steps: int, batch_size: int, ctx_len: int,
+                    max_chunks: int | None, text_dir: Path | None, eval_chunks: int, autocast: Autocast,
+                    allow_hook_mismatch: bool, cache: bool, seed: int, device: str, quiet: bool) -> None:
+    """``sae train`` once ``out`` is open: load the model, stream activations, train, evaluate."""
+    import torch
+
+    from mlpinterp.lm.models import canonical_model_name, load_model
+    from mlpinterp.sae.activations import ActivationConfig, ActivationSource
+    from mlpinterp.sae.mfr import MfrTrainer
+
+    train_texts, held_texts, held_files = _eval_texts(text_dir)  # a bad --text-dir before the model is loaded
+    net, tok = load_model(model)
+    # ddp: every rank reads its own shard of the text and contributes batch_size / world activations
+    ddp = dcfg.mode == "ddp"
+    acfg = ActivationConfig(hook_point=hook_point, ctx_len=ctx_len,
+                            batch_size=batch_size // dcfg.world if ddp else batch_size,
+                            max_chunks=max_chunks, seed=seed,
+                            rank=dcfg.rank if ddp else 0, world=dcfg.world if ddp else 1)
+    cache_dir = out / (f"activation_cache_rank{acfg.rank}" if ddp else "activation_cache") if cache else None
+    src = ActivationSource(net, tok, acfg, texts=train_texts, cache_dir=cache_dir)
+    trainer = MfrTrainer(src.d_in, cfg, dcfg, device=device, model_name=canonical_model_name(model),
+                         hook_point=hook_point)
+    trainer.load_checkpoint(out, allow_mismatch=allow_hook_mismatch, override="--allow-hook-mismatch")
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast == Autocast.bf16):
+        trainer.fit(iter(src), steps, quiet=quiet, checkpoint_dir=out, desc="SAE")
+    last = trainer.history[-1] if trainer.history else {}
+    typer.echo(f"saved {len(trainer.saes)} SAE(s) under {out}; last reconstruction loss {last.get('recon')}")
+    if eval_chunks and dcfg.rank == 0:
         from mlpinterp.lm.text import token_chunks
         from mlpinterp.sae.evaluate import evaluate_sae
-        from mlpinterp.sae.io import load_sae
+        from mlpinterp.utils.io import atomic_write_json
 
-        with expected_errors():
-            sae = load_sae(sae_dir)
-            name = model or sae.model_name
-            if not name:
-                fail(f"{str(sae_dir)!r} records no model", "pass --model")
-            net, tok = load_model(name)
-            _, held_texts, held_files = _eval_texts(text_dir)
-            ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
-            res = evaluate_sae(sae.eval(), net, ids, hook_point=hook_point or None,
-                               model_name=canonical_model_name(name), allow_mismatch=allow_hook_mismatch,
-                               special_ids=tok.all_special_ids)
-        res = {"sae": str(sae_dir), "hook_point": hook_point or sae.hook_point, "eval_files": held_files, **res}
-        text = json.dumps(res, indent=2)
-        if out is not None:
-            from mlpinterp.utils.io import atomic_write_json
+        ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
+        with trainer.averaged() as saes:  # the weights that were saved
+            results = [{"sae": f"sae_{i}", **evaluate_sae(sae.cpu().eval(), net, ids,
+                                                          special_ids=tok.all_special_ids)}
+                       for i, sae in zip(trainer.owned, saes, strict=True)]
+        atomic_write_json(out / "metrics.json", {
+            "model_name": trainer.model_name, "hook_point": hook_point, "steps": trainer.step,
+            "input_scale": trainer.input_scale, "eval": {"files": held_files, "chunks": int(ids.shape[0]),
+                                                         "ctx_len": ctx_len}, "saebench_core": results})
+        ev = [r["reconstruction_quality"]["explained_variance"] for r in results]
+        typer.echo(f"SAEBench core metrics of {len(results)} SAE(s) on {int(ids.shape[0])} held-out chunks "
+                   f"-> {out / 'metrics.json'} (explained variance {', '.join(f'{v:.3f}' for v in ev)})")
 
-            atomic_write_json(out, res)
-            typer.echo(f"wrote {out}")
-        else:
-            typer.echo(text)
+
+def sae_eval(
+    sae_dir: Path = typer.Argument(..., help="Directory holding cfg.json + the .safetensors (ours, sparsify's or "
+                                   "SAELens's)."),
+    model: str | None = typer.Option(None, help="Model: 'minilm' or a local path.",
+                                     show_default="the one the SAE records"),
+    hook_point: str | None = typer.Option(None, help="Hook point.", show_default="the one the SAE records"),
+    allow_hook_mismatch: bool = flag("--allow-hook-mismatch/--no-allow-hook-mismatch", default=False,
+                                     help="Evaluate at another hook point/model than the SAE records anyway (warns)."),
+    eval_chunks: int = typer.Option(400, min=1, help="Held-out text chunks (400 of 128 tokens: 50,400 content "
+                                    "tokens, enough for the density metrics at a 1/50,000 resolution)."),
+    ctx_len: int = typer.Option(128, min=2, help="Tokens per sequence."),
+    text_dir: Path | None = typer.Option(None, help="Directory of *.txt files; files with 'test' in the name are "
+                                         "used."),
+    out: Path | None = typer.Option(None, help="Write the metrics to this JSON file.", show_default="print them"),
+) -> None:
+    """SAEBench core metrics of a saved SAE at its hook point (KL / CE scores for causal LMs)."""
+    from mlpinterp.lm.models import canonical_model_name, load_model
+    from mlpinterp.lm.text import token_chunks
+    from mlpinterp.sae.evaluate import evaluate_sae
+    from mlpinterp.sae.io import check_provenance, load_sae
+
+    with expected_errors():
+        if out is not None and out.is_dir():
+            fail(f"--out {str(out)!r} is a directory, expected the path of a JSON file", "pass a file path")
+        sae = load_sae(sae_dir)
+        name = model or sae.model_name
+        if not name:
+            fail(f"{str(sae_dir)!r} records no model", "pass --model")
+        # refused before the model is loaded: another model or hook point than the SAE records
+        check_provenance("evaluating the SAE", recorded_model=sae.model_name, recorded_hook=sae.hook_point,
+                         model_name=canonical_model_name(name), hook_point=hook_point,
+                         allow_mismatch=allow_hook_mismatch, override="--allow-hook-mismatch")
+        _, held_texts, held_files = _eval_texts(text_dir)
+        net, tok = load_model(name)
+        ids = token_chunks(tok, held_texts, ctx_len, eval_chunks)
+        res = evaluate_sae(sae.eval(), net, ids, hook_point=hook_point, model_name=canonical_model_name(name),
+                           allow_mismatch=allow_hook_mismatch, special_ids=tok.all_special_ids)
+    res = {"sae": str(sae_dir), "hook_point": hook_point or sae.hook_point, "eval_files": held_files, **res}
+    if out is not None:
+        from mlpinterp.utils.io import atomic_write_json
+
+        atomic_write_json(out, res)
+        typer.echo(f"wrote {out}")
+    else:
+        from mlpinterp.utils.io import _finite_or_null
+
+        typer.echo(json.dumps(_finite_or_null(res), indent=2, allow_nan=False))
+
+
+def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
+    """Attach ``reproduce mfr`` and the ``sae`` group (``sae train``, ``sae eval``)."""
+    sae_app = typer.Typer(help="Sparse autoencoders: train TopK SAEs (optionally with MFR) on any module.",
+                          no_args_is_help=True)
+    reproduce_app.command("mfr", context_settings=_MULTI)(reproduce_mfr)
+    sae_app.command("train")(sae_train)
+    sae_app.command("eval")(sae_eval)
+    app.add_typer(sae_app, name="sae")

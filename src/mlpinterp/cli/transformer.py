@@ -6,9 +6,23 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
+
+from mlpinterp.cli.options import THREADS_DEFAULT, Out, Quiet, Threads, flag, many, set_threads
+from mlpinterp.experiments.transformer_config import INPUT_MODELS
+
+InputModel = StrEnum("InputModel", {m.replace("-", "_"): m for m in INPUT_MODELS})
+"""Input models of ``reproduce transformer`` (:data:`~mlpinterp.experiments.transformer_config.INPUT_MODELS`)."""
+
+
+class Covariance(StrEnum):
+    """Covariance estimate of the Gaussian input model."""
+
+    empirical = "empirical"
+    ledoit_wolf = "ledoit-wolf"
 
 _MULTI = {"allow_extra_args": True, "ignore_unknown_options": False}
 
@@ -41,7 +55,7 @@ def continue_flags(old: dict) -> str:
 
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
-    from mlpinterp.experiments.transformer_config import INPUT_MODELS, TransformerExperiment
+    from mlpinterp.experiments.transformer_config import TransformerExperiment
 
     default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 
@@ -50,34 +64,35 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         ctx: typer.Context,
         model: str = typer.Option(default.model, help="'minilm' (the embedded all-MiniLM-L6-v2) or a Hugging Face "
                                                       "name / local path whose weights are already on disk."),
-        layers: str = typer.Option("", help="FFN blocks to analyse: 'all' or indices, e.g. '0,3,5' or '0,-1' (first "
-                                  "and last) [default: all; with --quick: 0,-1]."),
-        degrees: list[str] = typer.Option([str(d) for d in default.degrees], help="Degrees: --degrees 1 2 3."),
-        input_model: list[str] = typer.Option(list(INPUT_MODELS), help="Input model(s), repeatable: "
-                                              + " | ".join(INPUT_MODELS) + "."),
-        out: Path = typer.Option(Path("runs/transformer"), help="Output directory (resumable)."),
-        quick: bool = typer.Option(False, "--quick/--no-quick", help="Pipeline check in about 3 minutes on a "
-                                   f"2-core CPU (blocks {','.join(map(str, quick_cfg.layers))} unless --layers, "
-                                   f"{quick_cfg.capture.max_tokens:,} tokens, K = {quick_cfg.mixture_components}, "
-                                   f"{quick_cfg.hybrid.steps} fine-tuning steps): no verdicts."),
-        text: Path = typer.Option(None, help="Text file or directory of *.txt (default: ../shared/data/text)."),
-        max_tokens: int = typer.Option(0, min=0, help=f"Content tokens to read (0: {default.capture.max_tokens:,}; "
-                                       f"quick: {quick_cfg.capture.max_tokens:,})."),
-        ctx_len: int = typer.Option(0, min=0, help=f"Tokens per sequence, special tokens included (0: "
-                                    f"{default.capture.ctx_len}); at most the model's positions."),
-        covariance: str = typer.Option(default.covariance, help="Gaussian input model: empirical | ledoit-wolf."),
-        mixture_components: int = typer.Option(0, min=0, help=f"K of the mixture (0: {default.mixture_components}; "
-                                               f"quick: {quick_cfg.mixture_components})."),
-        hybrid_steps: int = typer.Option(0, min=0, help=f"Fine-tuning steps (0: {default.hybrid.steps}; "
-                                  f"quick: {quick_cfg.hybrid.steps})."),
+        layers: str | None = typer.Option(None, help="FFN blocks to analyse: 'all' or indices, e.g. '0,3,5' or '0,-1' "
+                                          "(first and last).", show_default="all; with --quick: 0,-1"),
+        degrees: list[str] = many([str(d) for d in default.degrees], "--degrees", metavar="DEGREE",
+                                  help="Degrees: --degrees 1 2 3."),
+        input_model: list[InputModel] = many(list(InputModel), "--input-model", metavar="MODEL",
+                                             help="Input model(s), repeatable."),
+        out: Out = Path("runs/transformer"),
+        quick: bool = flag("--quick/--no-quick", default=False, help="Pipeline check in about 3 minutes on a 2-core "
+                           f"CPU (blocks {','.join(map(str, quick_cfg.layers))} unless --layers, "
+                           f"{quick_cfg.capture.max_tokens:,} tokens, K = {quick_cfg.mixture_components}, "
+                           f"{quick_cfg.hybrid.steps} fine-tuning steps): no verdicts."),
+        text: Path | None = typer.Option(None, help="Text file or directory of *.txt.",
+                                         show_default="../shared/data/text"),
+        max_tokens: int | None = typer.Option(None, min=1, help="Content tokens to read.", show_default=(
+            f"{default.capture.max_tokens:,}; quick: {quick_cfg.capture.max_tokens:,}")),
+        ctx_len: int | None = typer.Option(None, min=2, help="Tokens per sequence, special tokens included; at most "
+                                           "the model's positions.", show_default=str(default.capture.ctx_len)),
+        covariance: Covariance = typer.Option(Covariance(default.covariance), help="Gaussian input model's "
+                                              "covariance."),
+        mixture_components: int | None = typer.Option(None, min=1, help="K of the mixture.", show_default=(
+            f"{default.mixture_components}; quick: {quick_cfg.mixture_components}")),
+        hybrid_steps: int | None = typer.Option(None, min=1, help="Fine-tuning steps.", show_default=(
+            f"{default.hybrid.steps}; quick: {quick_cfg.hybrid.steps}")),
         seed: int = typer.Option(default.seed, min=0, help="Seed (split, mixture, Monte Carlo, fine-tuning)."),
-        quiet: bool = typer.Option(False, "--quiet/--no-quiet", help="No progress bars."),
-        threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),
+        quiet: Quiet = False,
+        threads: Threads = THREADS_DEFAULT,
     ) -> None:
         """FFN blocks of a real transformer as exact polynomials: fit, held-out FVU, splice-in, eigen-features."""
         from dataclasses import replace
-
-        import torch
 
         from mlpinterp.cli.errors import expected_errors
         from mlpinterp.experiments.transformer import run_transformer
@@ -85,28 +100,27 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.models import RunConflictError
         from mlpinterp.utils.io import read_json
 
-        if threads:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         degs = _ints(degrees + [a for a in ctx.args if a.lstrip("-").isdigit() or "," in a], "--degrees")
         extra = [a for a in ctx.args if not (a.lstrip("-").isdigit() or "," in a)]
         if extra:
             raise typer.BadParameter(f"unexpected arguments {extra}")
-        kw: dict = {"model": model, "degrees": degs, "input_models": tuple(input_model), "covariance": covariance,
-                    "seed": seed}
+        kw: dict = {"model": model, "degrees": degs, "input_models": tuple(InputModel(m).value for m in input_model),
+                    "covariance": Covariance(covariance).value, "seed": seed}
         if layers == "all":
             kw["layers"] = None
         elif layers:
             kw["layers"] = _ints([layers], "--layers")
         with expected_errors(fix="check the value named above; `mlpinterp reproduce transformer --help` lists them"):
             exp = TransformerExperiment.quick(**kw) if quick else TransformerExperiment(**kw)
-            if max_tokens:
+            if max_tokens is not None:
                 exp = replace(exp, capture=replace(exp.capture, max_tokens=max_tokens,
                                                    keep_fit=min(exp.capture.keep_fit, max_tokens)))
-            if ctx_len:
+            if ctx_len is not None:
                 exp = replace(exp, capture=replace(exp.capture, ctx_len=ctx_len))
-            if mixture_components:
+            if mixture_components is not None:
                 exp = replace(exp, mixture_components=mixture_components)
-            if hybrid_steps:
+            if hybrid_steps is not None:
                 exp = replace(exp, hybrid=replace(exp.hybrid, steps=hybrid_steps))
             texts = read_texts(text) if text is not None else None
             if quiet:

@@ -104,16 +104,73 @@ def find_idx_file(directory: str | os.PathLike, name: str) -> Path | None:
     return None
 
 
-def _raw_bytes(path: Path) -> bytes:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":  # gzip magic; decide by content, not by file name
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f"{str(path)!r} is not a valid gzip file (corrupt or truncated: {e})") from e
-    if path.suffix == ".gz":
-        raise ValueError(f"{str(path)!r} has a .gz name but does not start with the gzip magic bytes 1f 8b")
-    return data
+MAX_IDX_BYTES = 1 << 31
+"""Largest uncompressed IDX file read without an expected size (2 GiB; MNIST's largest file is 47 MB)."""
+
+_CHUNK = 1 << 20
+
+
+def _raw_bytes(path: Path, expected: IdxFile | None = None) -> bytes:
+    """The uncompressed bytes of ``path`` (gzip decided by content, not by name), never more than its size allows.
+
+    The size is known before the data is read: ``expected.n_bytes`` when given, else the size the IDX header
+    declares (at most :data:`MAX_IDX_BYTES`). A plain file is checked by its length on disk; a gzip stream is
+    decompressed in chunks of at most 1 MiB of output, its header checked as soon as it is out, and refused the
+    moment its output exceeds that size (a small gzip can expand to gigabytes).
+    """
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            if path.suffix == ".gz":
+                raise ValueError(f"{str(path)!r} has a .gz name but does not start with the gzip magic bytes 1f 8b")
+            size = path.stat().st_size
+            limit = expected.n_bytes if expected is not None else MAX_IDX_BYTES
+            if size > limit:
+                raise ValueError(f"{str(path)!r}: {size} bytes, more than the {limit} "
+                                 f"{'expected' if expected is not None else 'allowed for an IDX file'} "
+                                 "(trailing bytes, or not this file)")
+            f.seek(0)
+            return f.read()
+        f.seek(0)
+        return _gunzip_bounded(f, path, expected)
+
+
+def _gunzip_bounded(f, path: Path, expected: IdxFile | None) -> bytes:
+    d = zlib.decompressobj(wbits=31)  # gzip container
+    out = bytearray()
+    limit = expected.n_bytes if expected is not None else None
+    header_checked, buf = False, b""
+    try:
+        while not d.eof:
+            if not buf:
+                buf = f.read(_CHUNK)
+                if not buf:
+                    raise ValueError(f"{str(path)!r} is not a valid gzip file (truncated: the stream ends early)")
+            room = _CHUNK if limit is None else min(_CHUNK, limit + 1 - len(out))
+            out += d.decompress(buf, room)
+            buf = d.unconsumed_tail
+            if not header_checked and len(out) >= 4 and len(out) >= 4 + 4 * out[3]:
+                header_checked = True
+                declared = _declared_size(bytes(out[:4 + 4 * out[3]]), path)  # None: decode_idx says what is wrong
+                limit = min(x for x in (limit, declared, MAX_IDX_BYTES) if x is not None)
+            if limit is not None and len(out) > limit:
+                raise ValueError(f"{str(path)!r}: decompresses to more than the {limit} bytes its IDX header "
+                                 "declares or the file should have (stopped there: trailing bytes, or not this file)")
+    except zlib.error as e:
+        raise ValueError(f"{str(path)!r} is not a valid gzip file (corrupt or truncated: {e})") from e
+    return bytes(out)
+
+
+def _declared_size(header: bytes, path: Path) -> int | None:
+    """Total bytes an IDX header (magic + sizes) declares (``None`` for a malformed header, which
+    :func:`decode_idx` then names); ``ValueError`` when that is over :data:`MAX_IDX_BYTES`."""
+    if header[0] != 0 or header[1] != 0 or header[2] != IDX_UBYTE or header[3] == 0:
+        return None
+    ndim = header[3]
+    size = 4 + 4 * ndim + math.prod(int(n) for n in np.frombuffer(header, dtype=">u4", count=ndim, offset=4))
+    if size > MAX_IDX_BYTES:
+        raise ValueError(f"{str(path)!r}: its IDX header declares {size} bytes, more than the {MAX_IDX_BYTES} "
+                         "allowed for an IDX file")
+    return size
 
 
 def decode_idx(raw: bytes, source: str = "<bytes>", expected: IdxFile | None = None) -> np.ndarray:
@@ -170,7 +227,7 @@ def read_idx(path: str | os.PathLike, expected: IdxFile | None = None) -> np.nda
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"IDX file {str(path)!r} does not exist")
-    return decode_idx(_raw_bytes(path), source=repr(str(path)), expected=expected)
+    return decode_idx(_raw_bytes(path, expected), source=repr(str(path)), expected=expected)
 
 
 def download_idx(name: str, directory: str | os.PathLike, *, timeout: float = 60.0) -> list[Path]:

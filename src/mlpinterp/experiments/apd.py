@@ -57,6 +57,7 @@ from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.utils.artifact import save_artifact, tensors_path
 from mlpinterp.utils.figures import pyplot, save_figure
 from mlpinterp.utils.io import atomic_write_json, read_json
+from mlpinterp.utils.rundir import RunDir, open_run, wall_time_statement
 from mlpinterp.utils.validation import check_bool, check_device, check_int, config_differences
 
 SETTINGS = ("tms-5-2", "tms-40-10", "resid-mlp-1", "resid-mlp-2", "gated-trig")
@@ -525,9 +526,19 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     if device is not None:
         check_device(device)
     out = check_out_dir(out, "apd")
-    spec = setting_spec(setting)
     for seed in range(seeds):  # refuse targets of another recipe before hours of training
         check_target(setting, seed, out / f"seed{seed}" / "target.safetensors", quick, fidelity)
+    run_cfg = {**asdict(cfg0), "setting": setting, "quick": quick, "fidelity": fidelity, "seeds": seeds,
+               "n_eval": n_eval}
+    with open_run(out, "reproduce apd", run_cfg, resumable=("log_every", "checkpoint_every")) as rd:
+        return _reproduce_open(rd, setting, seeds, quick, quiet, overrides, n_eval, device, fidelity, cfg0)
+
+
+def _reproduce_open(rd: RunDir, setting: str, seeds: int, quick: bool, quiet: bool, overrides: dict | None,
+                    n_eval: int, device: str | None, fidelity: str, cfg0: APDConfig) -> dict:
+    """:func:`reproduce` once ``out`` is open."""
+    out = rd.path
+    spec = setting_spec(setting)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     per_seed = []
     for seed in range(seeds):
@@ -553,7 +564,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
               "seeds": seeds, "fidelity": fidelity,
               "config": asdict(cfg0), "summary": summary, "paper": PAPER.get(setting, {}), "per_seed": per_seed,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu"}
+              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device or "cpu",
+              "wall_seconds": rd.wall_seconds, "sessions": rd.sessions}
     if all("max_cos" in m for m in per_seed):
         result["failed_seeds"] = int(sum(m["mmcs"] < 0.99 for m in per_seed))
         result["paper_statistic"] = paper_statistic(per_seed)
@@ -580,8 +592,9 @@ def render_report(result: dict) -> str:
     keys = [k for k in SUMMARY_KEYS if all(k in m for m in per)]
     lines = [f"# APD reproduction: {result['setting']}{rep.run_kind_note(kind, result.get('overrides'))}",
              "", f"Fidelity: {result.get('fidelity', 'ours')}. Seeds: n = {n}; device {result.get('device', 'cpu')}; torch threads: {result['threads']}; 1/5/15-min "
-             f"load average at the end: {result.get('load_average')} (`seconds` is the APD wall time, summed over "
-             "resumed sessions).", ""]
+             f"load average at the end: {result.get('load_average')}; "
+             f"{wall_time_statement(result.get('wall_seconds'), result.get('sessions'))} (`seconds` per seed is the "
+             "APD wall time, summed over resumed sessions).", ""]
     rows = []
     for k in keys:
         p = paper.get(k)

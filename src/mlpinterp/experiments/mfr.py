@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.utils.figures import pyplot, save_figure
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RunDir, open_run, wall_time_statement
 
 PAPER = {
     "synthetic_correlation_baseline": 0.625,
@@ -101,6 +104,7 @@ class MfrRuns:
     """Re-initialise an SAE whose measure exceeds this (the paper's threshold for its measure)."""
 
 
+
 @dataclass(frozen=True)
 class SyntheticExperiment(MfrRuns):
     """Settings of the synthetic reproduction (defaults: the paper's data, G=512, d=256, E=12, lambda=0.99)."""
@@ -149,10 +153,13 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
                   quiet: bool = False, device: str = "cpu") -> dict:
     """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
     conds = conditions(tuple(CONDITIONS), exp.alpha, exp.extra_alphas)  # validates before anything is written
-    out = Path(out)
-    _guard_settings(out, exp)
+    with open_mfr_run(out, exp) as rd:
+        return _run_synthetic(rd, exp, conds, quiet, device)
+
+
+def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: bool, device: str) -> dict:
+    out = rd.path
     results: list[dict] = []
-    t_start = time.time()
     for k in exp.k_values:
         for seed in range(exp.seeds):
             data = SyntheticData(SyntheticConfig(k_active=k, seed=seed))
@@ -204,15 +211,25 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
     summary = _summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
     metrics = {"setting": "synthetic", "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "verdicts": _verdicts(results, "mmcs_truth", _run_kind(exp)),
-               "saebench_core": _core_summary(results), "seconds": time.time() - t_start}
+               "saebench_core": _core_summary(results), "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
     _figures_synthetic(out, exp, results)
     _report(out, metrics)
     return metrics
 
 
+@contextmanager
+def open_mfr_run(out: str | os.PathLike, exp) -> Iterator[RunDir]:
+    """Open ``out`` for ``reproduce mfr`` with ``exp`` (:func:`mlpinterp.utils.rundir.open_run`): every field,
+    the k values and seeds included, must match a run already there (a report of another set of runs would
+    silently cover a subset); the wall time is summed over the sessions."""
+    config = {"experiment": type(exp).__name__, **asdict(exp)}
+    with open_run(out, "reproduce mfr", config, check=lambda path: _guard_settings(path, exp)) as rd:
+        yield rd
+
+
 def _guard_settings(out: Path, exp) -> None:
-    """Refuse to mix runs of different settings in one output directory (k values and seeds may grow)."""
+    """Refuse a directory whose ``experiment.json`` (written before ``run.json`` existed) holds other settings."""
     want = {k: v for k, v in asdict(exp).items() if k not in ("k_values", "seeds")}
     want = json.loads(json.dumps(want))  # tuples -> lists, as stored
     path = out / "experiment.json"
@@ -449,7 +466,7 @@ def _report(out: Path, metrics: dict) -> None:
         for cond, per_k in core.items():
             for k, e in sorted(per_k.items(), key=lambda kv: int(kv[0])):
                 lines.append(f"| {k} | {cond} | " + " | ".join(_cell(e.get(c)) for c in cols) + " |")
-    lines += ["", f"Total time: {metrics['seconds']:.0f} s."]
+    lines += ["", f"Total time: {wall_time_statement(metrics['seconds'], metrics.get('sessions'))}."]
     write_report(out, "\n".join(lines), title=f"MFR reproduction: {metrics['setting']}")  # report.md + report.html
 
 
@@ -486,7 +503,8 @@ def _reinit_text(metrics: dict) -> str:
     runs = metrics["runs"]
     exp = metrics["experiment"]
     fired = sum(int(r.get("n_reinits", 0)) for r in runs)
-    maxes = [r["max_inactivity"] for r in runs if "max_inactivity" in r and np.isfinite(r["max_inactivity"])]
+    maxes = [r["max_inactivity"] for r in runs if isinstance(r.get("max_inactivity"), (int, float))
+             and np.isfinite(r["max_inactivity"])]
     mx = f"; the largest measure seen in any check was {max(maxes):.3g}" if maxes else ""
     measure = exp.get("inactivity_measure", "cubed_relative_deviation")
     formula = {"mean_relative_deviation": "mean_j |r_j / (k / d_sae) - 1| (the paper's example measure: 0 = uniform "
@@ -567,6 +585,14 @@ class LmExperiment(MinilmExperiment):
 def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
                device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
+
+    conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
+    with open_mfr_run(out, exp) as rd:
+        return _run_minilm(rd, exp, conds, quiet, device, text_dir)
+
+
+def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, device: str,
+                text_dir: str | os.PathLike | None) -> dict:
     from mlpinterp.lm.hooks import hook_activations
     from mlpinterp.lm.models import canonical_model_name, load_model
     from mlpinterp.lm.recovery import is_causal_lm
@@ -574,10 +600,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
     from mlpinterp.sae.activations import ActivationConfig, ActivationSource
     from mlpinterp.sae.evaluate import evaluate_sae
 
-    conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
-    out = Path(out)
-    _guard_settings(out, exp)
-    t_start = time.time()
+    out = rd.path
     model, tok = load_model(exp.model)
     is_lm = is_causal_lm(model)
     if isinstance(exp, LmExperiment) and not is_lm:
@@ -651,7 +674,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                "experiment": asdict(exp), "run_kind": _run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "improvement_pct": improvement,
                "verdicts": _verdicts(results, "fvu", _run_kind(exp)), "saebench_core": _core_summary(results),
-               "seconds": time.time() - t_start}
+               "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
     _figures_minilm(out, summary, "loss_recovered" if is_lm else "cosine_recovered", _summary_png(is_lm))
     _report(out, metrics)

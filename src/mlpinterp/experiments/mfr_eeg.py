@@ -16,7 +16,6 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,18 +27,19 @@ from mlpinterp.experiments.mfr import (
     _core_summary,
     _eval_saes,
     _figures_minilm,
-    _guard_settings,
     _report,
     _run_kind,
     _summarise,
     _verdicts,
     conditions,
+    open_mfr_run,
 )
 from mlpinterp.sae.core_metrics import core_metrics
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,12 @@ def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathL
     bad_k = [k for k in exp.k_values if k > exp.d_sae]
     if bad_k:
         raise ValueError(f"k values {bad_k} exceed d_sae = {exp.d_sae}")
-    t_start = time.time()
+    with open_mfr_run(out, exp) as rd:
+        return _run_eeg(rd, exp, conds, data_dir, quiet, device)
+
+
+def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.PathLike, quiet: bool,
+             device: str) -> dict:
     data = load_eeg(data_dir, exp.eeg)
     train, held = torch.from_numpy(data["train"]), torch.from_numpy(data["held_out"][:exp.eval_vectors])
     if train.shape[0] < exp.batch_size:
@@ -92,8 +97,7 @@ def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathL
                          f"batch_size = {exp.batch_size}; add recordings or lower the batch size")
     if held.shape[0] < 2:
         raise ValueError(f"the held-out recordings give {held.shape[0]} vector(s); the metrics need at least 2")
-    out = Path(out)
-    _guard_settings(out, exp)
+    out = rd.path
     n_vectors = data["train"].shape[0] + data["held_out"].shape[0]
     pipeline_s = data["seconds"]["read"] + data["seconds"]["preprocess"]
     results: list[dict] = []
@@ -136,7 +140,8 @@ def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathL
             b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
             if cond != "baseline" and b and m:
                 improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    rates = [r["train_vectors_per_second"] for r in results if np.isfinite(r.get("train_vectors_per_second", np.nan))]
+    rates = [r["train_vectors_per_second"] for r in results
+             if isinstance(r.get("train_vectors_per_second"), (int, float)) and np.isfinite(r["train_vectors_per_second"])]
     metrics = {"setting": "eeg", "experiment": json.loads(json.dumps(asdict(exp))), "run_kind": _run_kind(exp),
                "paper": PAPER, "runs": results, "summary": summary, "improvement_pct": improvement,
                "verdicts": _verdicts(results, "fvu", _run_kind(exp)), "saebench_core": _core_summary(results),
@@ -147,7 +152,7 @@ def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathL
                               "pipeline_seconds": data["seconds"],
                               "train_vectors_per_second_median": float(np.median(rates)) if rates else float("nan"),
                               "load_average": list(os.getloadavg())},
-               "seconds": time.time() - t_start}
+               "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
     _figures_minilm(out, summary, None, "eeg_summary.png")
     _report(out, metrics)

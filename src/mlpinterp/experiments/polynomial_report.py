@@ -16,6 +16,7 @@ import numpy as np
 
 from mlpinterp.experiments import report as rep
 from mlpinterp.experiments.polynomial_eval import APPROXIMANTS
+from mlpinterp.utils.rundir import wall_time_statement
 
 ATTACKS = ("svd", "svd-raw", "random", "pca")
 """Ablation directions of the attack (see ``polynomial_eval.svd_attack``)."""
@@ -250,7 +251,7 @@ def _markdown(res: dict) -> str:
         f"Setup: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test, d_in = {ds['d_in']}), width {c['d_hidden']}, "
         f"{c['activation']}, schedule-free AdamW lr {c['lr']:g}, weight decay 0.1, batch 64, warm-up {c['warmup_steps']}, "
         f"{c['steps']} steps, n = {n} seed{'s' if n > 1 else ''}; Monte Carlo under the mixture with "
-        f"{c['mc_samples']} samples; wall time {rep.fmt_value(wall, '.0f')} s. Exact mixture quadratic fitted at "
+        f"{c['mc_samples']} samples; {wall_time_statement(wall, res.get('sessions'))}. Exact mixture quadratic fitted at "
         + ("every checkpoint." if every
            else "the final checkpoint only (matrix-free CG; `--quadratic-mixture-steps all` fits every checkpoint)."),
         "",

@@ -19,7 +19,6 @@ Layout of ``out``::
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from mlpinterp.experiments.polynomial_eval import EvalInputs, evaluate_checkpoin
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.models import ClassifierConfig, checkpoint_steps, find_checkpoints, load_classifier, train_classifier
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.rundir import RunDir, open_run
 
 __all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
@@ -66,17 +66,25 @@ def _check_resume(out: Path, r: dict) -> None:
         raise RunConflictError(out, "config.json", diff)
 
 
-def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False) -> dict:
-    """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict."""
+def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False,
+                         threads: int | None = 1) -> dict:
+    """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict.
+
+    ``out`` is opened with :func:`mlpinterp.utils.rundir.open_run` (locked; a configuration differing in a field
+    other than :data:`RESUMABLE_CHANGES` is refused; the final approximants are keyed by the step they were fitted
+    at, so a run resumed to fewer steps refits them)."""
+    r = cfg.resolved()
+    with open_run(out, "reproduce polynomial", r, resumable=RESUMABLE_CHANGES, implicit=ADDED_FIELDS,
+                  check=lambda path: _check_resume(path, r)) as rd:
+        return _run(cfg, r, rd, quiet, threads)
+
+
+def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool, threads: int | None) -> dict:
     from mlpinterp.experiments.polynomial_plots import make_figures
     from mlpinterp.experiments.polynomial_report import summarise, write_report
 
-    r = cfg.resolved()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    _check_resume(out, r)
+    out = rd.path
     atomic_write_json(out / "config.json", r)
-    t_start = time.perf_counter()
     data = average_pool(load_dataset(cfg.dataset, cfg.data_path), r["max_image_side"])
     if r["attack_k"] > min(data.n_classes, data.d_in):
         raise ValueError(f"attack_k must be <= min(n_classes, d_in) = {min(data.n_classes, data.d_in)} on "
@@ -92,11 +100,11 @@ def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: 
                                 activation=cfg.activation, lr=r["lr"], warmup_steps=r["warmup_steps"],
                                 steps=r["steps"], seed=seed)
         ck_dir = out / f"seed{seed}" / "checkpoints"
-        train_classifier(ccfg, data, ck_dir, progress=not quiet)
-        per_seed.append(_evaluate_seed(out / f"seed{seed}", ck_dir, inputs, data, r, seed, quiet))
+        train_classifier(ccfg, data, ck_dir, progress=not quiet, threads=threads)
+        per_seed.append(_evaluate_seed(rd, f"seed{seed}", ck_dir, inputs, data, r, seed, quiet))
 
     results = summarise(per_seed, r, data)
-    results["wall_seconds"] = time.perf_counter() - t_start
+    results["wall_seconds"], results["sessions"] = rd.wall_seconds, rd.sessions
     atomic_write_json(out / "results.json", results)
     make_figures(results, per_seed, data, out / "figures")
     write_report(results, out)
@@ -108,10 +116,12 @@ def _quadratic_mixture_steps(steps: list[int], policy: str) -> set[int]:
     return {steps[-1]} if policy == "final" else set(steps)
 
 
-def _evaluate_seed(seed_dir: Path, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int, quiet: bool) -> dict:
+def _evaluate_seed(rd: RunDir, seed_name: str, ck_dir: Path, inputs: EvalInputs, data, r: dict, seed: int,
+                   quiet: bool) -> dict:
     from mlpinterp.poly.approximant import load_polynomial
     from mlpinterp.utils.artifact import ArtifactError, artifact_digest
 
+    seed_dir = rd.path / seed_name
     ev_dir = seed_dir / "eval"
     ev_dir.mkdir(parents=True, exist_ok=True)
     ap_dir = seed_dir / "approximants"

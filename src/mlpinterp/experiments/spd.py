@@ -46,6 +46,7 @@ from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.artifact import load_artifact, save_artifact
 from mlpinterp.utils.figures import pyplot, save_figure
 from mlpinterp.utils.io import atomic_write_json, read_json
+from mlpinterp.utils.rundir import RunDir, open_run, wall_time_statement
 from mlpinterp.utils.validation import check_bool, check_device, check_instance, check_int, check_real
 
 SETTINGS = ("tms-5-2", "tms-40-10", "tms-5-2-id", "tms-40-10-id", "resid-mlp-1", "resid-mlp-2", "resid-mlp-3")
@@ -321,6 +322,16 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     apd = read_apd_run(apd_run, setting, out) if apd_run is not None else None  # fail before hours of training
     for seed in range(seeds):  # so are targets of another recipe
         check_target(setting.removesuffix("-id"), seed, out / f"seed{seed}" / "target.safetensors", quick, fid)
+    run_cfg = {**asdict(cfg0), "setting": setting, "quick": quick, "fidelity": fid, "recipe": recipe,
+               "seeds": seeds, "n_eval": n_eval}
+    with open_run(out, "reproduce spd", run_cfg, resumable=("log_every", "checkpoint_every")) as rd:
+        return _reproduce_open(rd, setting, seeds, quick, quiet, overrides, n_eval, device, apd, recipe, fid, cfg0)
+
+
+def _reproduce_open(rd: RunDir, setting: str, seeds: int, quick: bool, quiet: bool, overrides: dict | None,
+                    n_eval: int, device: str | None, apd, recipe: str, fid: str, cfg0) -> dict:
+    """:func:`reproduce` once ``out`` is open."""
+    out = rd.path
     per_seed = []
     for seed in range(seeds):
         sd = out / f"seed{seed}"
@@ -349,7 +360,8 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
               "config": asdict(cfg0), "per_seed": per_seed,
               "device": device or "cpu", "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(),
-              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+              "wall_seconds": rd.wall_seconds, "sessions": rd.sessions}
     if setting.startswith("tms"):
         result["mmcs"] = [m["mmcs"] for m in per_seed]
         result["ml2r"] = [m["ml2r"] for m in per_seed]
@@ -499,7 +511,7 @@ def render_report(result: dict) -> str:
     lines += [
              f"Bushnaq, Braun, Sharkey (2025), *Stochastic Parameter Decomposition*. Seeds: n = {n}; device "
              f"{result['device']}; torch threads {result['threads']}; 1/5/15-min load average at the end "
-             f"{result.get('load_average')}. Targets are the APD targets of the same seeds (same networks for both "
+             f"{result.get('load_average')}; {wall_time_statement(result.get('wall_seconds'), result.get('sessions'))}. Targets are the APD targets of the same seeds (same networks for both "
              f"methods), target recipe (fidelity) \"{result.get('target_fidelity', 'ours')}\""
              + (" (the SPD reference's residual MLPs: no biases, 1k steps; 10k for resid-MLP-3)"
                 if result.get("target_fidelity") == "reference" and not setting.startswith("tms") else "") + ".", ""]

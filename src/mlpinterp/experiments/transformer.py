@@ -39,6 +39,7 @@ from mlpinterp.experiments.transformer_config import ADDED_FIELDS, TransformerEx
 from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.utils.artifact import load_artifact, save_artifact
 from mlpinterp.utils.io import atomic_write_json, read_json
+from mlpinterp.utils.rundir import RunDir, open_run
 from mlpinterp.utils.validation import config_diff
 
 # ------------------------------------------------------------------------------------------------ capture cache
@@ -275,14 +276,12 @@ def _check_config(out: Path, exp: TransformerExperiment) -> dict:
 def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *, quiet: bool = False,
                     texts: list[str] | None = None) -> dict:
     """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
-    from mlpinterp.experiments.transformer_report import write_transformer_report
     from mlpinterp.hf.blocks import ffn_paths, ffn_site
-    from mlpinterp.lm.models import load_model, model_digest
-    from mlpinterp.lm.text import read_texts, texts_digest
+    from mlpinterp.lm.models import load_model
+    from mlpinterp.lm.text import read_texts
 
     out = Path(out)
     cfg = _check_config(out, exp) if out.is_dir() else json.loads(json.dumps(asdict(exp)))
-    t_run = time.perf_counter()
     model, tok = load_model(exp.model)
     paths = ffn_paths(model)
     bad = [i for i in exp.layers or () if not -len(paths) <= i < len(paths)]
@@ -296,7 +295,19 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
         raise ValueError(f"SAEs given for layers {sorted(set(saes) - set(idx))}, which are not analysed ({idx})")
     sites = {paths[i]: ffn_site(model, paths[i]) for i in idx}
     texts = read_texts() if texts is None else texts
-    out.mkdir(parents=True, exist_ok=True)
+    # opened once the model, layers and SAEs are validated: a command refused for them leaves no run record
+    with open_run(out, "reproduce transformer", cfg, implicit=ADDED_FIELDS) as rd:
+        return _run_open(rd, exp, cfg, model, tok, paths, idx, saes, sites, texts, quiet)
+
+
+def _run_open(rd: RunDir, exp: TransformerExperiment, cfg: dict, model, tok, paths: list, idx: list, saes: dict,
+              sites: dict, texts: list[str], quiet: bool) -> dict:
+    """:func:`run_transformer` once ``out`` is open."""
+    from mlpinterp.experiments.transformer_report import write_transformer_report
+    from mlpinterp.lm.models import model_digest
+    from mlpinterp.lm.text import texts_digest
+
+    out = rd.path
     if not (out / "config.json").exists():
         atomic_write_json(out / "config.json", cfg)
     _check_inputs(out, model_digest(model), texts_digest(texts))
@@ -325,7 +336,7 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
     results = {"config": json.loads(json.dumps(asdict(exp))), "model": exp.model, "n_blocks": len(paths),
                "capture": {"n_fit_tokens": cap.n_fit_tokens, "n_heldout_tokens": cap.n_heldout_tokens,
                            "seconds": cap.seconds, "tokens_per_s": cap.tokens_per_s},
-               "layers": layers, "seconds": time.perf_counter() - t_run}
+               "layers": layers, "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "results.json", results)
     write_transformer_report(out, results)
     return results

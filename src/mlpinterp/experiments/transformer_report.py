@@ -8,6 +8,7 @@ import numpy as np
 
 from mlpinterp.experiments.report import figure, fmt_value, md_table, verdict, write_report
 from mlpinterp.utils.figures import save_figure
+from mlpinterp.utils.rundir import wall_time_statement
 
 _COLORS = {"gaussian": "C0", "mixture": "C1", "data": "C2", "hybrid": "C3"}
 _LABEL = {"gaussian": "Gaussian (exact)", "mixture": "Gaussian mixture", "data": "data projection (exact LS)",
@@ -180,7 +181,7 @@ def build_markdown(results: dict, figs: list[tuple[str, str]]) -> str:
     L += [f"{len(layers)} of {results['n_blocks']} FFN blocks; {cap['n_fit_tokens']:,} fit tokens "
           f"(moments), {cap['n_heldout_tokens']:,} held-out tokens (split by passage), captured at "
           f"{cap['tokens_per_s']:,.0f} tokens/s. Degrees {degrees}; input models: "
-          + ", ".join(_LABEL[m] for m in models) + ". Total wall time " f"{results['seconds']:.0f} s.", "",
+          + ", ".join(_LABEL[m] for m in models) + ". Total " f"{wall_time_statement(results['seconds'], results.get('sessions'))}.", "",
           "FVU = sum of squared errors / total variance of the block's output (pooled over the d_out outputs; "
           "± one standard error over tokens, which treats tokens as independent: tokens of one passage are "
           "correlated, so it is a lower bound on the true uncertainty). *Under the model*: under the fitted input "

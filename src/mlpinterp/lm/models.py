@@ -32,6 +32,8 @@ def load_model(name: str):
         raise FileNotFoundError(f"model directory {name!r} does not exist (give 'minilm', a Hugging Face name whose "
                                 "weights are in the local cache, or the path of a saved model directory)")
     name = os.path.expanduser(name)
+    if os.path.isdir(name):
+        check_model_dir(name)
     try:
         config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
         tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
@@ -42,6 +44,47 @@ def load_model(name: str):
     except OSError as e:
         raise ValueError(f"model {name!r}: weights are not available locally (no download is attempted): {e}") from e
     return model, tok
+
+
+#: Files any one of which makes a directory's tokenizer loadable (fast tokenizer, WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+#: Weight files that are Python pickles: loading one can run code, so they are refused.
+PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
+
+
+def check_model_dir(path: str | os.PathLike) -> None:
+    """Refuse a local model directory before anything in it is loaded: it must hold ``config.json``, tokenizer
+    files (:data:`TOKENIZER_FILES`) and safetensors weights (``*.safetensors``); weights only in a pickle
+    (``pytorch_model.bin`` and the like: loading a pickle can run code) are refused, never unpickled.
+
+    Raises ``ValueError`` naming the directory, what is missing and how to fix it (a ``fix`` attribute).
+    """
+    from pathlib import Path
+
+    d = Path(path)
+    names = {p.name for p in d.iterdir()}
+    problems, fix = [], []
+    if "config.json" not in names:
+        problems.append("no config.json")
+        fix.append("save the model with `model.save_pretrained(DIR)`")
+    if not names & set(TOKENIZER_FILES) and not any(n.endswith(".model") for n in names):
+        problems.append(f"no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+        fix.append("save the tokenizer beside it with `tokenizer.save_pretrained(DIR)`")
+    if not any(n.endswith(".safetensors") for n in names):
+        pickles = sorted(names & set(PICKLE_WEIGHTS) | {n for n in names if n.endswith((".bin", ".pt", ".pth"))})
+        if pickles:
+            problems.append(f"weights only as a pickle ({', '.join(pickles)}), which mlpinterp never loads (a pickle "
+                            "can run code)")
+            fix.append("convert them to safetensors where you trust the file (`model.save_pretrained(DIR, "
+                       "safe_serialization=True)`)")
+        else:
+            problems.append("no *.safetensors weights")
+            fix.append("save the weights with `model.save_pretrained(DIR)`")
+    if problems:
+        err = ValueError(f"model directory {str(d)!r} cannot be loaded: {'; '.join(problems)}")
+        err.fix = "; ".join(fix)
+        raise err
 
 
 def canonical_model_name(name: str) -> str:

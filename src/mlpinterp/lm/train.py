@@ -47,9 +47,16 @@ from mlpinterp.lm.train_config import ADDED_FIELDS, LmTrainConfig
 from mlpinterp.models.train import RunConflictError
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
-from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
+from mlpinterp.utils.checkpoint import (
+    check_loss_finite,
+    check_params_finite,
+    optimizer_tensors,
+    restore_optimizer,
+    split_optimizer_tensors,
+)
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.progress import progress_bar
+from mlpinterp.utils.rundir import check_out_dir, open_run
 from mlpinterp.utils.schedules import cosine_half, linear_warmup
 from mlpinterp.utils.validation import check_instance, check_int, config_diff
 
@@ -173,6 +180,15 @@ def _load_tokenizer(out: Path, digest: str):
 
 def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.PathLike | None = None,
              quiet: bool = False, threads: int | None = 1) -> dict:
+    """Train the tokenizer and the causal LM of ``cfg`` into ``out`` (:func:`_train_lm`), with ``out`` opened by
+    :func:`mlpinterp.utils.rundir.open_run` (one writer; the configuration compared on every resume)."""
+    check_instance(cfg, LmTrainConfig, "cfg")
+    with open_run(check_out_dir(out), "train-lm", cfg.to_dict(), implicit=ADDED_FIELDS):
+        return _train_lm(cfg, out, text_dir=text_dir, quiet=quiet, threads=threads)
+
+
+def _train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.PathLike | None = None,
+              quiet: bool = False, threads: int | None = 1) -> dict:
     """Train the tokenizer and the causal LM of ``cfg`` on the documents of ``text_dir`` into ``out``; returns the
     metrics written to ``out/metrics.json``.
 
@@ -190,9 +206,7 @@ def train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.P
     check_instance(cfg, LmTrainConfig, "cfg")
     if threads is not None:
         check_int(threads, "threads", minimum=1)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out {str(out)!r} exists and is not a directory")
+    out = check_out_dir(out)
     train_files, held_files = split_files(text_dir)
     train_texts, held_texts = read_texts(train_files), read_texts(held_files)
     corpus = {"train_digest": texts_digest(train_texts), "held_out_digest": texts_digest(held_texts),
@@ -254,7 +268,7 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
             for g in opt.param_groups:
                 g["lr"] = lr
             ids = train_ids[torch.from_numpy(epoch_batch_indices(cfg.seed, n_chunks, cfg.batch_size, step, cache))]
-            loss = _step(model, opt, ids, cfg.grad_clip)
+            loss = _step(model, opt, ids, cfg.grad_clip, step + 1, lr)
             step += 1
             history["loss"].append(loss)
             history["lr"].append(lr)
@@ -265,6 +279,7 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
             bar.advance()
             bar.postfix(loss=loss, **({"held_out_ce": history["eval"][-1]["ce"]} if history["eval"] else {}))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                check_params_finite("train-lm", step, model, lr)
                 _save_checkpoint(out, model, opt, {**meta, "step": step, "history": history,
                                                    "seconds": seconds + time.perf_counter() - t0})
     seconds += time.perf_counter() - t0
@@ -288,9 +303,12 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
     return metrics
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, ids: Tensor, grad_clip: float) -> float:
-    """One AdamW step on the next-token cross-entropy of ``ids``; returns the loss (nats/token)."""
+def _step(model: nn.Module, opt: torch.optim.Optimizer, ids: Tensor, grad_clip: float, step: int, lr: float) -> float:
+    """One AdamW step (the ``step``-th, at learning rate ``lr``) on the next-token cross-entropy of ``ids``; returns
+    the loss (nats/token). Raises :class:`~mlpinterp.utils.checkpoint.TrainingDiverged` before stepping on a
+    non-finite loss."""
     loss = next_token_ce(model, ids)
+    check_loss_finite("train-lm", step, float(loss.detach()), lr)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip > 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -38,9 +39,17 @@ from mlpinterp.models.classifier import Classifier, ClassifierConfig
 from mlpinterp.models.config import ADDED_FIELDS
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
 from mlpinterp.utils.batches import epoch_batch_indices
-from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
+from mlpinterp.utils.checkpoint import (
+    TrainingDiverged,
+    check_loss_finite,
+    check_params_finite,
+    optimizer_tensors,
+    restore_optimizer,
+    split_optimizer_tensors,
+)
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
+from mlpinterp.utils.rundir import RunConflictError, open_run
+from mlpinterp.utils.validation import config_diff
 
 CHECKPOINT_KIND = "classifier_checkpoint"
 """Artifact kind of the eval-mode weights ``step_N.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
@@ -160,26 +169,6 @@ def _read_meta(path: Path) -> dict:
     return art.meta
 
 
-class RunConflictError(ValueError):
-    """``out_dir`` holds checkpoints of another run (a setting other than ``steps`` differs).
-
-    Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}`` (``"dataset"`` included when the
-    dataset differs); ``problem``: what conflicts; ``fix``: one line saying how to continue that run or start a new
-    one (the message is ``"problem; fix"``). Every run directory of the project (classifier checkpoints,
-    ``reproduce polynomial``, ``train-lm``, ``reproduce transformer``) refuses another run's settings with it;
-    ``fix`` replaces the default line where the caller knows a better one.
-    """
-
-    def __init__(self, out_dir: Path, found: str, diff: dict[str, tuple], fix: str | None = None):
-        self.out_dir, self.diff = Path(out_dir), dict(diff)
-        what = "; ".join(describe_diff(self.diff))
-        saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in self.diff.items())
-        self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
-                           f"output directory or delete {str(self.out_dir)!r}")
-        self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
-        super().__init__(f"{self.problem}; {self.fix}")
-
-
 def _run_diff(meta: dict, cfg: ClassifierConfig, data: Dataset) -> dict[str, tuple]:
     """``{field: (saved, requested)}`` for every setting (other than ``steps``) where a checkpoint differs (a field
     the checkpoint was written before compares as its :data:`~mlpinterp.models.config.ADDED_FIELDS` value)."""
@@ -258,8 +247,21 @@ def train_classifier(
     if data.n_train < cfg.batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {data.n_train} training examples")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(device)
+    fresh = not out_dir.exists()
+    try:
+        with open_run(out_dir, "train", {**cfg.to_dict(), "dataset": data.name}, resumable=("steps",),
+                      implicit=ADDED_FIELDS):
+            return _train_locked(cfg, data, out_dir, progress, torch.device(device), threads)
+    except TrainingDiverged as e:
+        if fresh:  # a run that diverged leaves nothing behind (its earlier checkpoints belong to a useless run)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            e.fix = f"rerun with a lower --lr (lr = {cfg.lr:g}); nothing was written to {str(out_dir)!r}"
+        raise
+
+
+def _train_locked(cfg: ClassifierConfig, data: Dataset, out_dir: Path, progress: bool, device: torch.device,
+                  threads: int | None) -> list[Path]:
+    """:func:`train_classifier` once ``out_dir`` is open (locked, its configuration checked)."""
     targets = checkpoint_steps(cfg.steps)
     paths = [checkpoint_path(out_dir, s) for s in targets]
 
@@ -310,10 +312,12 @@ def train_classifier(
                 loss = nn.functional.cross_entropy(model(X_train[idx]), y_train[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                step = t + 1
+                check_loss_finite("classifier", step, float(loss.detach()), cfg.lr)  # before the step: nothing diverged is kept
                 opt.step()
                 bar.advance()
-                step = t + 1
                 if step in todo:
+                    check_params_finite("classifier", step, model, cfg.lr)
                     metrics = _checkpoint(
                         model,
                         opt,

@@ -338,7 +338,8 @@ def check_provenance(what: str, *, recorded_model: str | None, recorded_hook: st
     """Refuse to use an SAE (or resume a checkpoint) at another hook point or model than it was trained on.
 
     ``what`` names the use in the message (e.g. ``"resuming the checkpoint in 'runs/sae'"``). A ``None`` on
-    either side means "not recorded" and is not compared. With ``allow_mismatch`` a mismatch only warns
+    either side means "not recorded" and is not compared; model names compare by
+    :func:`~mlpinterp.lm.models.canonical_model_name` (``"minilm"`` is ``"sentence-transformers/all-MiniLM-L6-v2"``). With ``allow_mismatch`` a mismatch only warns
     (``UserWarning``); ``override`` names the flag in the message (e.g. ``--allow-hook-mismatch``).
 
     Raises ``ValueError`` naming both values.
@@ -346,7 +347,10 @@ def check_provenance(what: str, *, recorded_model: str | None, recorded_hook: st
     problems = []
     if recorded_hook is not None and hook_point is not None and recorded_hook != hook_point:
         problems.append(f"hook point {recorded_hook!r}, not {hook_point!r}")
-    if recorded_model is not None and model_name is not None and recorded_model != model_name:
+    from mlpinterp.lm.models import canonical_model_name  # "minilm" and its Hugging Face id are one model
+
+    if recorded_model is not None and model_name is not None and \
+            canonical_model_name(recorded_model) != canonical_model_name(model_name):
         problems.append(f"model {recorded_model!r}, not {model_name!r}")
     if not problems:
         return

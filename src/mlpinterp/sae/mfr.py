@@ -65,11 +65,16 @@ from mlpinterp.sae.metrics import cosine_matrix, firing_counts
 from mlpinterp.sae.optim import ScheduleFreeSignum
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
-from mlpinterp.utils.checkpoint import optimizer_tensors, restore_optimizer, split_optimizer_tensors
+from mlpinterp.utils.checkpoint import (
+    TrainingDiverged,
+    optimizer_tensors,
+    restore_optimizer,
+    split_optimizer_tensors,
+)
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.schedules import cosine_half_rise
 from mlpinterp.utils.seeding import splitmix_seed
-from mlpinterp.utils.validation import Int, OneOf, check_fields, config_diff
+from mlpinterp.utils.validation import Int, OneOf, check_fields, config_diff, nonfinite_names
 
 CHECKPOINT_KIND = "mfr_checkpoint"
 """Artifact kind of the trainer state ``trainer_rank{r}.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
@@ -591,6 +596,10 @@ class MfrTrainer:
                 self.alpha = float(np.mean(recon_all)) / penalty_value if penalty_value > 0 else 0.0
             alpha_t = self.alpha * cosine_half_rise(self.step, cfg.warmup_steps)
             loss = loss + alpha_t * surrogate
+        if not all(math.isfinite(v) for v in (*recon_all, *auxk_all)):  # before the step: nothing diverged is kept
+            raise TrainingDiverged(f"SAE training diverged at step {self.step + 1} (reconstruction loss {recon_all}, "
+                                   f"auxiliary loss {auxk_all}); lower the learning rate (lr = {self.opts[0].param_groups[0]['lr']:g})",
+                                   self.step + 1)
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -670,7 +679,13 @@ class MfrTrainer:
         return self.history
 
     def save_checkpoint(self, directory: str | os.PathLike) -> Path:
-        """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically."""
+        """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically; raises
+        :class:`~mlpinterp.utils.checkpoint.TrainingDiverged` and writes nothing when a weight is NaN or inf."""
+        bad = [f"sae_{i}.{n}" for i, sae in zip(self.owned, self.saes, strict=True)
+               for n in nonfinite_names(sae.named_parameters())]
+        if bad:
+            raise TrainingDiverged(f"SAE training diverged by step {self.step}: weights {bad[:4]} hold NaN or inf; "
+                                   "lower the learning rate", self.step)
         directory = Path(directory)
         if self.dist.mode == "ddp" and self.dist.rank != 0:
             return directory

@@ -152,11 +152,31 @@ def dumps_json(obj: Any, *, where: str = "value", indent: int | None = 2) -> str
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` (a result or report for people and later runs, not an artifact) as indented JSON to ``path``
-    atomically; numpy values and paths are converted. A NaN or infinity is written as Python's ``NaN`` /
-    ``Infinity`` token (an undefined metric); :func:`read_json` reads it back. Artifacts use the strict
-    :func:`dumps_json`. Raises :class:`WriteError` when the write fails."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+    """Write ``obj`` as indented, strict JSON (RFC 8259) to ``path`` atomically.
+
+    NaN and infinity have no JSON spelling (``json.dumps`` would write the tokens ``NaN``/``Infinity`` that strict
+    readers refuse): they are written as ``null``, the value of an undefined statistic (the standard error of one
+    seed, a ratio with a zero denominator). Training never gets here with a non-finite loss or weight: it stops
+    first (:class:`mlpinterp.utils.checkpoint.TrainingDiverged`). Artifacts use :func:`dumps_json`. Raises
+    :class:`WriteError` when the write fails.
+    """
+    text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def _finite_or_null(obj: Any) -> Any:
+    """``obj`` with every non-finite float (Python or numpy, also inside arrays) replaced by ``None``."""
+    import numpy as np
+
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in "fc":
+        return _finite_or_null(obj.tolist())
+    return obj
 
 
 def _json_default(o: Any) -> Any:

@@ -1,0 +1,289 @@
+"""Run directories: the one place every command that writes a resumable ``--out`` opens it.
+
+A run directory is opened with :func:`open_run` (a context manager) and then holds, beside the command's own files,
+``run.json`` (strict JSON)::
+
+    {"format": 1, "command": "reproduce mfr", "config": {...},
+     "sessions": [{"started": "2026-12-06T09:00:00+00:00", "wall_s": 12.3, "pid": 4711, "argv": [...],
+                   "status": "finished"}, ...],
+     "derived": {"seed0/approximants": {"step": 256}, ...}}
+
+and, while a process has it open, ``.mlpinterp.lock`` (an OS file lock taken with the ``filelock`` library) and
+``.mlpinterp.lock.json`` (who holds it). The contract:
+
+* **One writer.** Opening takes the lock without waiting: a second process opening the same directory gets
+  :class:`RunLockedError` at once, naming the holder's pid and command line (the lock dies with its process, so a
+  killed run never leaves the directory locked).
+* **One configuration.** ``config`` is compared with the one stored in ``run.json`` by
+  :func:`~mlpinterp.utils.validation.config_diff` on every resume; a difference in a field not listed in
+  ``resumable`` raises :class:`RunConflictError` (and so does a directory written by another command). The stored
+  configuration is then updated to the requested one (the resumable fields may change).
+* **Wall time summed across sessions.** Each opening is a session; its wall time is added to ``run.json`` when it
+  closes (failed sessions included: they did work that a resume reuses). :attr:`RunDir.wall_seconds` is the sum of
+  the earlier sessions and the current one so far, and :meth:`RunDir.time_statement` says so in words, the same in
+  every study.
+* **Derived files keyed by provenance.** A file computed from something that can change between sessions (the
+  final checkpoint's step, ...) is recorded with :meth:`RunDir.record` and reused only while
+  :meth:`RunDir.is_current` finds the same provenance; otherwise the caller recomputes it.
+
+Nothing here knows a study: the studies, ``train``, ``train-lm`` and ``sae train`` pass their command name and
+configuration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
+
+RUN_FILE = "run.json"
+"""The run directory's own record (command, configuration, sessions, provenance of derived files)."""
+LOCK_FILE = ".mlpinterp.lock"
+"""The OS lock file (held while a process has the directory open)."""
+HOLDER_FILE = ".mlpinterp.lock.json"
+"""Who holds the lock: pid, command line, start time."""
+FORMAT = 1
+"""Version of ``run.json``; a newer one is refused by name."""
+
+
+class RunConflictError(ValueError):
+    """``out_dir`` holds a run of another configuration (or of another command).
+
+    Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}``; ``problem``: what conflicts;
+    ``fix``: one line saying how to continue that run or start a new one (the message is ``"problem; fix"``).
+    Every run directory of the project refuses another run's settings with it; ``fix`` replaces the default line
+    where the caller knows a better one.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, found: str, diff: dict[str, tuple], fix: str | None = None):
+        self.out_dir, self.diff = Path(out_dir), dict(diff)
+        what = "; ".join(describe_diff(self.diff))
+        saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in self.diff.items())
+        self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
+                           f"output directory or delete {str(self.out_dir)!r}")
+        self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
+        super().__init__(f"{self.problem}; {self.fix}")
+
+
+class RunLockedError(ValueError):
+    """Another process has the run directory open (a ``ValueError``). ``holder``: its pid, command line and start
+    time as recorded when it took the lock (``{}`` when it had not recorded them yet); ``fix``: what to do."""
+
+    def __init__(self, out_dir: Path, holder: dict):
+        self.out_dir, self.holder = out_dir, holder
+        who = (f"process {holder.get('pid')} ({' '.join(holder.get('argv') or []) or 'command line unknown'}, "
+               f"started {holder.get('started', '?')})") if holder else "another process"
+        self.fix = (f"wait until process {holder.get('pid', '?')} has finished (a second writer would mix two runs' "
+                    f"files), or pass another --out")
+        super().__init__(f"run directory {str(out_dir)!r} is in use by {who}")
+
+
+def check_out_dir(out: str | os.PathLike, option: str = "--out") -> Path:
+    """``Path(out)`` after checking that it can be a run directory: a path (``str``/``os.PathLike``), not empty
+    text and not an existing file. Raises ``TypeError`` / ``ValueError`` naming ``option``; nothing is created."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"{option} must be a directory path (str or os.PathLike), got {type(out).__name__}")
+    problem = None
+    if str(out).strip() == "":
+        problem = f"{option} must name a directory, got an empty path (it would write into the current directory)"
+    elif Path(out).exists() and not Path(out).is_dir():
+        problem = f"{option} {str(out)!r} is an existing file, expected a directory (new, or a run to resume)"
+    if problem:
+        err = ValueError(problem)
+        err.fix = f"pass another {option} (a new directory, or the run directory to resume)"
+        raise err
+    return Path(out)
+
+
+def wall_time_statement(seconds: float | None, sessions: int | None) -> str:
+    """``"wall time 123 s, summed over 2 sessions of this run directory"``: the one wording every study's report uses
+    for :attr:`RunDir.wall_seconds` (``sessions`` ``None``: a run written before sessions were counted)."""
+    if seconds is None:
+        return "wall time not recorded"
+    if sessions is None:
+        return f"wall time {seconds:.0f} s (sessions not recorded)"
+    return f"wall time {seconds:.0f} s, summed over {sessions} session{'s' if sessions != 1 else ''} of this run " \
+           "directory"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _read_record(path: Path) -> dict | None:
+    f = path / RUN_FILE
+    if not f.is_file():
+        return None
+    try:
+        rec = json.loads(f.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"run record {str(f)!r} is not valid JSON ({e}); delete it to adopt the directory's files "
+                         "as a new run") from e
+    if not isinstance(rec, dict) or not isinstance(rec.get("sessions", []), list):
+        raise ValueError(f"run record {str(f)!r} is not a JSON object with a 'sessions' list; delete it to adopt the "
+                         "directory's files as a new run")
+    fmt = rec.get("format", FORMAT)
+    if not isinstance(fmt, int) or fmt > FORMAT:
+        raise ValueError(f"run record {str(f)!r} has format {fmt!r}, newer than this mlpinterp reads ({FORMAT}); "
+                         "upgrade mlpinterp or pass another --out")
+    return rec
+
+
+def read_run(out: str | os.PathLike) -> dict | None:
+    """The ``run.json`` record of ``out`` (``None`` when there is none); ``ValueError`` if it is corrupt."""
+    return _read_record(Path(out))
+
+
+class RunDir:
+    """An open run directory (see the module docstring); made by :func:`open_run`."""
+
+    def __init__(self, path: Path, record: dict, started: str):
+        self.path = path
+        self._record = record
+        self._started = started
+        self._t0 = time.perf_counter()
+        self._previous = sum(float(s.get("wall_s", 0.0)) for s in record["sessions"])
+        self._closed = False
+
+    @property
+    def command(self) -> str:
+        return self._record["command"]
+
+    @property
+    def config(self) -> dict:
+        return self._record["config"]
+
+    @property
+    def sessions(self) -> int:
+        """Number of sessions of this run directory, the current one included."""
+        return len(self._record["sessions"]) + 1
+
+    @property
+    def wall_seconds(self) -> float:
+        """Wall time of every session of this run directory (s), the current one so far included."""
+        return self._previous + (time.perf_counter() - self._t0)
+
+    def time_statement(self) -> str:
+        """:func:`wall_time_statement` of this run directory now."""
+        return wall_time_statement(self.wall_seconds, self.sessions)
+
+    def is_current(self, name: str, provenance: Mapping) -> bool:
+        """Whether the derived file(s) ``name`` (a path relative to the run directory) were recorded with this
+        ``provenance`` (e.g. ``{"step": 256}``); ``False`` when never recorded or recorded with another one."""
+        return name in self._record["derived"] and not config_diff(self._record["derived"][name], dict(provenance))
+
+    def record(self, name: str, provenance: Mapping) -> None:
+        """Record that the derived file(s) ``name`` were computed from ``provenance`` (written to ``run.json``
+        at once, after the files themselves)."""
+        self._record["derived"][name] = json.loads(json.dumps(dict(provenance)))
+        self._save()
+
+    def forget(self, name: str) -> None:
+        """Drop the provenance of ``name`` (call before overwriting its files, so an interruption leaves them
+        unrecorded and recomputed on resume)."""
+        if self._record["derived"].pop(name, None) is not None:
+            self._save()
+
+    def _save(self, session: dict | None = None) -> None:
+        rec = dict(self._record)
+        if session is not None:
+            rec["sessions"] = [*rec["sessions"], session]
+            self._record = rec
+        atomic_write_json(self.path / RUN_FILE, rec)
+
+    def _close(self, status: str, argv: list[str]) -> None:
+        self._save({"started": self._started, "wall_s": time.perf_counter() - self._t0, "pid": os.getpid(),
+                    "argv": argv, "status": status})
+
+
+def _holder(path: Path) -> dict:
+    try:
+        h = json.loads((path / HOLDER_FILE).read_text())
+        return h if isinstance(h, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *, resumable=(),
+             implicit: Mapping | None = None, check: Callable[[Path], None] | None = None,
+             option: str = "--out") -> Iterator[RunDir]:
+    """Open the run directory ``out`` for ``command`` (e.g. ``"reproduce mfr"``) with ``config`` (JSON-ready).
+
+    Creates the directory, takes its lock without waiting, compares ``config`` with the stored one (fields in
+    ``resumable`` may differ; ``implicit`` as in :func:`~mlpinterp.utils.validation.config_diff`), calls
+    ``check(path)`` (a study's own check of files written before ``run.json`` existed; it raises to refuse), then
+    stores the configuration and yields a :class:`RunDir`. A refused opening writes nothing but the lock files; so
+    does a first session that the study refuses with :class:`RunConflictError` (files of another run already there)
+    or that fails before writing any file (bad input: the corrected command must not find a record to conflict with). On leaving, the session's wall time is added to ``run.json`` and the lock released.
+
+    Raises
+    ------
+    ValueError
+        ``out`` is empty text or an existing file (:func:`check_out_dir`), or ``run.json`` is corrupt or newer.
+    RunLockedError
+        Another process has ``out`` open (names it).
+    RunConflictError
+        ``out`` holds a run of another command or of another configuration.
+    """
+    path = check_out_dir(out, option)
+    config = json.loads(json.dumps(dict(config), default=str))  # tuples -> lists, paths -> str: as stored
+    path.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise RunLockedError(path, _holder(path)) from None
+    argv = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv else []
+    try:
+        started = _now()
+        atomic_write_json(path / HOLDER_FILE, {"pid": os.getpid(), "argv": argv, "started": started})
+        rec = _read_record(path)
+        new = rec is None
+        if new:
+            rec = {"format": FORMAT, "command": command, "config": config, "sessions": [], "derived": {}}
+        else:
+            if rec.get("command") != command:
+                raise RunConflictError(path, f"a `{rec.get('command')}` run", {"command": (rec.get("command"), command)},
+                                       fix=f"pass another {option} (a run directory holds one command's run)")
+            diff = config_diff(rec.get("config") or {}, config, ignore=tuple(resumable), implicit=implicit)
+            if diff:
+                saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in diff.items())
+                raise RunConflictError(path, RUN_FILE, diff, fix=f"to continue that run pass its settings ({saved}); "
+                                       f"to start a new run pass another {option} (or delete {str(path)!r})")
+            rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {})}
+        if check is not None:
+            check(path)
+        rd = RunDir(path, rec, started)
+        rd._save()  # at once: a run killed in its first session is still recognised
+        status = "failed"
+        try:
+            yield rd
+            status = "finished"
+        except BaseException as e:
+            ours = (RUN_FILE, LOCK_FILE, HOLDER_FILE)
+            if new and (isinstance(e, RunConflictError) or all(p.name in ours for p in path.iterdir())):
+                # refused by the study's own check of older files, or before writing anything (bad input): leave
+                # no record that would block the corrected command
+                (path / RUN_FILE).unlink(missing_ok=True)
+                rd._closed = True
+            raise
+        finally:
+            if not rd._closed:
+                rd._close(status, argv)
+    finally:
+        try:
+            (path / HOLDER_FILE).unlink(missing_ok=True)
+        finally:
+            lock.release()

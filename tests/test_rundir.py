@@ -1,0 +1,195 @@
+"""Run directories (mlpinterp.utils.rundir): one writer, one configuration, wall time summed over sessions, derived
+files keyed by their provenance; every study and command opens its --out through it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mlpinterp.cli.main import app
+from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RUN_FILE, RunConflictError, RunLockedError, open_run, read_run
+from tests.cli_utils import flat
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _holder(out: Path, ready: Path) -> subprocess.Popen:
+    """A second process that opens ``out`` and holds it until killed (its command line names the run)."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {SRC!r})
+        from pathlib import Path
+        from mlpinterp.utils.rundir import open_run
+        with open_run({str(out)!r}, "train", {{"lr": 0.1}}):
+            Path({str(ready)!r}).write_text("ready")
+            time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, "holder-marker"])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the holder process did not open the run directory")
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path):
+    out = tmp_path / "run"
+    proc = _holder(out, tmp_path / "ready")
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(RunLockedError) as e:
+            with open_run(out, "train", {"lr": 0.1}):
+                pytest.fail("a second writer must not get the directory")
+        assert time.perf_counter() - t0 < 2.0  # refused, not blocked
+        assert f"process {proc.pid}" in str(e.value) and "holder-marker" in str(e.value)
+        assert e.value.holder["pid"] == proc.pid and "another --out" in e.value.fix
+        # the CLI: Error/Fix, exit 1, no traceback, the directory's files untouched
+        before = sorted(p.name for p in out.iterdir())
+        r = CliRunner().invoke(app, ["train", "--out", str(out), "--steps", "4", "--quiet"])
+        text = flat(r.output)
+        assert r.exit_code == 1 and f"is in use by process {proc.pid}" in text and "Fix: wait until" in text
+        assert "Traceback" not in r.output and sorted(p.name for p in out.iterdir()) == before
+    finally:
+        proc.kill()
+        proc.wait()
+    with open_run(out, "train", {"lr": 0.1}) as rd:  # the lock died with its process
+        assert rd.sessions == 1
+
+
+def test_configuration_is_compared_on_every_resume(tmp_path):
+    out = tmp_path / "run"
+    with open_run(out, "reproduce mfr", {"k_values": (6, 12), "seeds": 3}):
+        pass
+    with open_run(out, "reproduce mfr", {"k_values": [6, 12], "seeds": 3}) as rd:  # a tuple is its JSON list
+        assert rd.sessions == 2
+    with pytest.raises(RunConflictError, match=r"k_values: saved \[6, 12\], requested \[6\]") as e:
+        with open_run(out, "reproduce mfr", {"k_values": [6], "seeds": 3}):
+            pass
+    assert "pass another --out" in e.value.fix and "k_values=[6, 12]" in e.value.fix
+    with pytest.raises(RunConflictError, match=r"seeds: saved 3, requested 1"):
+        with open_run(out, "reproduce mfr", {"k_values": [6, 12], "seeds": 1}):
+            pass
+    with pytest.raises(RunConflictError, match="reproduce mfr"):  # another command's directory
+        with open_run(out, "train", {"k_values": [6, 12], "seeds": 3}):
+            pass
+    with open_run(out, "reproduce mfr", {"k_values": [6, 12], "seeds": 5}, resumable=("seeds",)):
+        pass
+    assert read_run(out)["config"]["seeds"] == 5 and len(read_run(out)["sessions"]) == 3  # refusals add none
+
+
+def test_wall_time_is_summed_over_sessions_and_said_so(tmp_path):
+    out = tmp_path / "run"
+    for _ in range(2):
+        with open_run(out, "train", {}) as rd:
+            time.sleep(0.3)
+    with pytest.raises(RuntimeError):  # a failed session did work a resume reuses: it counts too
+        with open_run(out, "train", {}) as rd:
+            time.sleep(0.3)
+            raise RuntimeError("interrupted")
+    with open_run(out, "train", {}) as rd:
+        sessions = read_run(out)["sessions"]
+        assert [s["status"] for s in sessions] == ["finished", "finished", "failed"]
+        assert rd.wall_seconds >= 0.9 and rd.wall_seconds == pytest.approx(sum(s["wall_s"] for s in sessions),
+                                                                            abs=0.2)
+        assert rd.time_statement().endswith("s, summed over 4 sessions of this run directory")
+
+
+def test_derived_files_are_keyed_by_provenance(tmp_path):
+    out = tmp_path / "run"
+    with open_run(out, "reproduce polynomial", {}) as rd:
+        assert not rd.is_current("seed0/approximants", {"step": 256})
+        rd.record("seed0/approximants", {"step": 256})
+    with open_run(out, "reproduce polynomial", {}) as rd:
+        assert rd.is_current("seed0/approximants", {"step": 256})
+        assert not rd.is_current("seed0/approximants", {"step": 128})
+        rd.forget("seed0/approximants")
+        assert not rd.is_current("seed0/approximants", {"step": 256})
+
+
+def test_refused_openings_and_failed_first_sessions_leave_no_record(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="existing file"):
+        with open_run(f, "train", {}):
+            pass
+    with pytest.raises(ValueError, match="empty path"):
+        with open_run("  ", "train", {}):
+            pass
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="bad input"):  # nothing written: the corrected command starts afresh
+        with open_run(out, "train", {"lr": -1}):
+            raise ValueError("bad input")
+    assert not (out / RUN_FILE).exists()
+    with open_run(out, "train", {"lr": 1}) as rd:
+        assert rd.sessions == 1
+    (out / RUN_FILE).write_text('{"format": 99, "sessions": []}')
+    with pytest.raises(ValueError, match="format 99, newer than"):
+        with open_run(out, "train", {"lr": 1}):
+            pass
+
+
+# ------------------------------------------------------------------------- every study compares its configuration
+
+
+def _foreign_record(out: Path, command: str) -> None:
+    out.mkdir(parents=True)
+    atomic_write_json(out / RUN_FILE, {"format": 1, "command": command, "config": {"planted": 1}, "sessions": [],
+                                       "derived": {}})
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--steps", "4"],
+    ["reproduce", "polynomial", "--quick", "--seeds", "1"],
+    ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--quick", "--steps", "4"],
+    ["reproduce", "apd", "--setting", "tms-5-2", "--seeds", "1", "--quick", "--steps", "4"],
+    ["reproduce", "spd", "--setting", "tms-5-2", "--seeds", "1", "--quick", "--steps", "4"],
+    ["train-lm", "--steps", "2"],
+    ["sae", "train", "--steps", "2"],
+], ids=lambda a: " ".join(a[:2]))
+def test_every_command_refuses_another_configuration_before_working(tmp_path, argv, monkeypatch):
+    import mlpinterp.lm.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model must not be loaded"))
+    command = " ".join(argv[:2]) if argv[0] in ("reproduce", "sae") else argv[0]
+    out = tmp_path / "run"
+    _foreign_record(out, command)
+    before = (out / RUN_FILE).read_bytes()
+    r = CliRunner().invoke(app, [*argv, "--quiet", "--out", str(out)])
+    text = flat(r.output)
+    assert r.exit_code == 1 and "holds run.json of another run (" in text and "planted: saved 1, requested absent" \
+        in text, text
+    assert "Fix: to continue" in text and "pass another --out" in text and "Traceback" not in r.output
+    assert (out / RUN_FILE).read_bytes() == before
+    assert {p.name for p in out.iterdir()} <= {RUN_FILE, ".mlpinterp.lock"}  # nothing else written
+
+
+def test_reproduce_mfr_refuses_other_k_or_seeds_and_sums_its_time(tmp_path):
+    """A rerun with other --k / --seeds into one --out was accepted and wrote a report of a subset of the runs saying
+    "Total time: 0 s"; now it is refused, and the report states the wall time summed over the sessions."""
+    out = tmp_path / "mfr"
+    base = ["reproduce", "mfr", "--k", "6", "--seeds", "1", "--quick", "--steps", "4", "--quiet", "--no-extra-alpha",
+            "--out", str(out)]
+    assert CliRunner().invoke(app, base).exit_code == 0
+    first = json.loads((out / "metrics.json").read_text())
+    for k, seeds, diff in (("12", "1", "k_values: saved [6], requested [12]"), ("6", "2", "seeds: saved 1, requested 2"),
+                           ("6,12", "1", "k_values: saved [6], requested [6, 12]")):
+        argv = [*base]
+        argv[argv.index("--k") + 1], argv[argv.index("--seeds") + 1] = k, seeds
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 1 and diff in flat(r.output) and "Traceback" not in r.output
+    assert json.loads((out / "metrics.json").read_text()) == first  # nothing rewritten
+    again = CliRunner().invoke(app, base)
+    assert again.exit_code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["sessions"] == 2 and metrics["seconds"] >= first["seconds"] > 0
+    assert "summed over 2 sessions of this run directory" in (out / "report.md").read_text()
