@@ -116,11 +116,12 @@ RECIPES = ("paper", "current")
 (goodfire-ai/spd at 3f0bb61e, Feb 2026, its ``tms_*_config.yaml`` and ``resid_mlp{1,3}_config.yaml``)."""
 
 #: What the current reference recipe changes in every preset: a delta component instead of the faithfulness loss,
-#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, and the
-#: "scaled" initialisation.
+#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, the
+#: "scaled" initialisation, the lower hard sigmoid clamped to [0, 1] with an upward-only gradient leak
+#: (spd/models/sigmoids.py) and tied TMS factors as two optimiser parameters over one storage (run_spd.py).
 _CURRENT_ALL = dict(delta_component=True, faithfulness_coeff=0.0, faithfulness_warmup_steps=200,
                     faithfulness_warmup_lr=0.01, faithfulness_warmup_weight_decay=0.1, layerwise_masks="fresh",
-                    init="scaled")
+                    init="scaled", lower_sigmoid="clamped", tied_updates="separate")
 #: ... and per setting (its step counts; its "cosine" is a half-period cosine annealing).
 _CURRENT_TMS = dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing")
 CURRENT: dict[str, dict] = {
