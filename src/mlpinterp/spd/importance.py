@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlpinterp.spd.importance_fused import fused_scalar_mlps
 from mlpinterp.utils.validation import check_int
 
 
@@ -42,6 +43,11 @@ _BUCKET = 256
 _MIN_ZERO_SHARE = 0.5
 """The zero-row path runs only when at least this share of the rows is zero: below it, gathering and scattering
 the rows cost more than the rows saved (``benchmarks/bench_spd_steps.py``; ``docs/measurements.md``)."""
+
+FUSED = {False: False, True: False}
+"""Per ``compile`` flag: run the MLPs through the fused autograd Function that recomputes the hidden layer in the
+backward pass (:mod:`mlpinterp.spd.importance_fused`; same values and gradients) instead of autograd of the formula.
+Chosen by measurement per step (``benchmarks/bench_spd_steps.py``, docs/measurements.md)."""
 
 SKIP_ZERO_ROWS = True
 """Evaluate the MLPs once for all all-zero rows of ``h`` (:meth:`CausalImportance.forward`); ``False`` evaluates
@@ -74,7 +80,10 @@ class CausalImportance(nn.Module):
     def forward(self, h: torch.Tensor, compile: bool = False) -> torch.Tensor:
         if h.shape[-1] != self.C:
             raise ValueError(f"inner activations must have shape [..., C={self.C}], got {list(h.shape)}")
-        f = _compiled_scalar_mlps() if compile else _scalar_mlps
+        if FUSED[bool(compile)]:
+            f = functools.partial(fused_scalar_mlps, compile=bool(compile))
+        else:
+            f = _compiled_scalar_mlps() if compile else _scalar_mlps
         params = (self.w1, self.b1, self.w2, self.b2)
         flat = h.reshape(-1, self.C)
         n = flat.shape[0]
