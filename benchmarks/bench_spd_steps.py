@@ -78,6 +78,7 @@ def _time(run, steps: int, device: str = "cpu") -> tuple[float, float, dict]:
 def _set_variant(name: str) -> bool:
     compile, fused, skip = VARIANTS[name]
     importance.FUSED[compile] = fused
+    importance.FUSED_EAGER_MIN_WIDTH = 0  # the variant's choice on every site
     importance.SKIP_ZERO_ROWS = skip
     return compile
 
@@ -99,7 +100,7 @@ def measure(name: str, quick: bool, steps: int, device: str = "cpu", variants=("
                         device=device)
         return res.history[-1]
 
-    defaults = dict(importance.FUSED), importance.SKIP_ZERO_ROWS
+    defaults = dict(importance.FUSED), importance.SKIP_ZERO_ROWS, importance.FUSED_EAGER_MIN_WIDTH
     try:
         for v in variants:
             run(2, v)  # warm-up (allocator, first-call dispatch, compilation)
@@ -109,7 +110,7 @@ def measure(name: str, quick: bool, steps: int, device: str = "cpu", variants=("
                 times[v].append(_time(lambda n, v=v: run(n, v), steps, device))
     finally:
         importance.FUSED.update(defaults[0])
-        importance.SKIP_ZERO_ROWS = defaults[1]
+        importance.SKIP_ZERO_ROWS, importance.FUSED_EAGER_MIN_WIDTH = defaults[1:]
     sec = statistics.median(t[0] for t in times[variants[0]])
     row = {"setting": name, "batch_size": full.batch_size, "C": full.C, "preset_steps": full.steps,
            "variants": {v: {"wall_ms": [1e3 * t[0] for t in ts], "cpu_ms": [1e3 * t[1] for t in ts],

@@ -55,6 +55,7 @@ def test_causal_importance_through_the_fused_path_with_zero_rows(compile, monkey
     """``importance.FUSED`` on: CausalImportance (zero-row path included: 3/4 of the rows are zero) gives the plain
     formula's values and gradients."""
     monkeypatch.setitem(importance.FUSED, compile, True)
+    monkeypatch.setattr(importance, "FUSED_EAGER_MIN_WIDTH", 0)
     ci = CausalImportance(6, 4, torch.Generator().manual_seed(1)).double()
     h = torch.randn(1024, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     h[torch.arange(1024) % 4 != 0] = 0
@@ -90,3 +91,19 @@ def test_second_derivative_is_refused():
     (gh,) = torch.autograd.grad(fused_scalar_mlps(h, *params).sum(), h, create_graph=True)
     with pytest.raises(RuntimeError, match="does not require grad|once_differentiable"):
         gh.sum().backward()
+
+
+def test_the_default_path_is_fused_for_wide_eager_sites_only(monkeypatch):
+    """The measured choice (importance.FUSED): eager and C * d_gate >= FUSED_EAGER_MIN_WIDTH -> the fused Function;
+    narrower eager sites and compiled ones -> autograd of the formula."""
+    calls = []
+    monkeypatch.setattr(importance, "fused_scalar_mlps", lambda *a, **k: calls.append(k) or fused_scalar_mlps(*a, **k))
+
+    def fused(C, d_gate):
+        calls.clear()
+        CausalImportance(C, d_gate, torch.Generator().manual_seed(0))(torch.randn(3, C), False)
+        return bool(calls)
+
+    width = importance.FUSED_EAGER_MIN_WIDTH
+    assert importance.FUSED == {False: True, True: False}
+    assert fused(width // 16, 16) and not fused(width // 16 - 1, 16)

@@ -13,8 +13,8 @@ recomputation. With ``G = dL/draw`` ``[n, C]``, ``gelu'(z) = Phi(z) + z phi(z)``
 - ``dL/dw1[c, k] = w2[c, k] sum_n T[n, c, k] h[n, c]``, ``dL/db1[c, k] = w2[c, k] sum_n T[n, c, k]``
 - ``dL/dw2[c, k] = sum_n G[n, c] gelu(z[n, c, k])``, ``dL/db2[c] = sum_n G[n, c]``
 
-Eager (``compile=False``): rows go through in blocks of about :data:`BLOCK_BYTES` of ``[rows, C, d_gate]`` so that
-each pass over a block stays in the core's cache. Compiled: the two passes are separate ``torch.compile`` graphs
+Eager (``compile=False``): on the CPU, rows go through in blocks of about :data:`BLOCK_BYTES` of
+``[rows, C, d_gate]`` so that each pass over a block stays in the core's cache (on a GPU, in one block). Compiled: the two passes are separate ``torch.compile`` graphs
 over all rows (inductor tiles them itself). Tested equal to the autograd formula in value and gradient (float64,
 1e-12). Which path a step uses is measured, not assumed (``benchmarks/bench_spd_steps.py``;
 :data:`mlpinterp.spd.importance.FUSED`).
@@ -57,8 +57,10 @@ def _compiled():
     return torch.compile(_forward, dynamic=False), torch.compile(_backward, dynamic=False)
 
 
-def _rows_per_block(C: int, d_gate: int, itemsize: int) -> int:
-    return max(1, BLOCK_BYTES // (C * d_gate * itemsize))
+def _rows_per_block(h: torch.Tensor, C: int, d_gate: int) -> int:
+    if h.device.type != "cpu":
+        return max(1, len(h))
+    return max(1, BLOCK_BYTES // (C * d_gate * h.element_size()))
 
 
 class _FusedScalarMLPs(torch.autograd.Function):
@@ -68,7 +70,7 @@ class _FusedScalarMLPs(torch.autograd.Function):
         ctx.compile = compile
         if compile:
             return _compiled()[0](h, w1, b1, w2, b2)
-        step = _rows_per_block(*w1.shape, h.element_size())
+        step = _rows_per_block(h, *w1.shape)
         return torch.cat([_forward(blk, w1, b1, w2, b2) for blk in h.split(step)]) if len(h) else _forward(
             h, w1, b1, w2, b2)
 
@@ -78,7 +80,7 @@ class _FusedScalarMLPs(torch.autograd.Function):
         h, w1, b1, w2 = ctx.saved_tensors
         if ctx.compile:
             return (*_compiled()[1](h, w1, b1, w2, g.contiguous()), None)
-        step = _rows_per_block(*w1.shape, h.element_size())
+        step = _rows_per_block(h, *w1.shape)
         dh, dw1, db1, dw2, db2 = [], 0, 0, 0, 0
         for hb, gb in zip(h.split(step), g.split(step), strict=True):
             parts = _backward(hb, w1, b1, w2, gb)
