@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlpinterp.apd import resolve_sites
 from mlpinterp.experiments.spd import PRESETS, spd_config
+from mlpinterp.paramspace import resolve_sites
 from mlpinterp.spd import SPDConfig, stochastic_recon_loss
 from mlpinterp.spd.decomposition import Decomposition, resolve_reads
 from mlpinterp.spd.sigmoids import LOWER_SIGMOIDS, clamped_hard_sigmoid, leaky_hard_sigmoid

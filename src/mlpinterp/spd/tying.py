@@ -3,7 +3,7 @@
 TMS's ``linear1`` = ``W`` and ``linear2`` = ``W^T`` are decomposed with one set of subcomponents, ``linear2``'s the
 transposes of ``linear1``'s (``SPDConfig.tied``). Two ways to train that one set (:data:`TIED_UPDATES`):
 
-- ``"summed"``: the tied site has no factors of its own (:class:`mlpinterp.apd.Components` with ``tied``); the
+- ``"summed"``: the tied site has no factors of its own (:class:`mlpinterp.paramspace.Components` with ``tied``); the
   gradients of both uses add up on the source's factors and Adam makes **one** update from one state.
 - ``"separate"`` (:class:`SeparatelyTiedComponents`): the SPD reference implementation's way. Its ``run_spd.py``
   (``optimize``, at the paper's commit ``f8de8aad`` and at ``3f0bb61e``, Feb 2026) sets
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from mlpinterp.apd.components import Components, Site
+from mlpinterp.paramspace.components import Components, Site
 
 TIED_UPDATES = ("summed", "separate")
 """``SPDConfig.tied_updates``: ``"summed"`` (one parameter, the gradients of both uses summed, one Adam update) or
@@ -40,11 +40,11 @@ def _key(name: str) -> str:
 
 
 class SeparatelyTiedComponents(Components):
-    """:class:`~mlpinterp.apd.Components` whose tied sites own ``Parameter`` views of their source's factors.
+    """:class:`~mlpinterp.paramspace.Components` whose tied sites own ``Parameter`` views of their source's factors.
 
     ``tied_A[site] = B[source]^T`` and ``tied_B[site] = A[source]^T`` share the source's storage (values equal at
     all times) but are separate autograd leaves and separate optimiser parameters. Same arguments and errors as
-    :class:`~mlpinterp.apd.Components`.
+    :class:`~mlpinterp.paramspace.Components`.
     """
 
     def __init__(self, sites: Sequence[Site], C: int, m=None, init_scale: float = 1.0,
