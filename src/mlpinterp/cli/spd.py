@@ -54,7 +54,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         recipe: Recipe | None = typer.Option(
             None, "--recipe", show_default=False,
             help="Default: current (paper for resid-mlp-2, where current is not implemented), the recipe that "
-                 "measured better across seeds (TMS 5-2: 10 of 10 seeds against 8 of 10; docs/spd.md). current: the "
+                 "measured better across seeds (docs/spd.md). current: the "
                  "SPD reference implementation's recipe of Feb 2026 (goodfire-ai/spd): a delta component instead of "
                  "the faithfulness loss, a 200-step faithfulness warm-up, fresh layerwise masks, the lower hard "
                  "sigmoid clamped to [0, 1], tied factors as two optimiser parameters, its step counts (TMS 10k, "

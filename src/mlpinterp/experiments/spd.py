@@ -138,12 +138,12 @@ _NO_CURRENT = {"resid-mlp-2": "the reference's current resid-MLP-2 recipe uses a
 
 def default_recipe(setting: str) -> str:
     """The recipe ``reproduce spd`` runs without ``--recipe``: ``"current"`` wherever it is implemented, ``"paper"``
-    for resid-MLP-2 (the current recipe is not). The current recipe measured better across seeds wherever both ran
-    (docs/spd.md: TMS 5-2 10 of 10 seeds at the bar against 8 of 10 for the paper's; TMS 5-2+ID 4 of 4 at a quarter
-    of the steps; resid-MLP-1 quick 2 of 3 seeds against 1 of 3). Raises ``ValueError`` for an unknown setting."""
+    for resid-MLP-2 (the current recipe is not): the current recipe measured better across seeds wherever both ran
+    (docs/spd.md, docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting."""
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     return "paper" if setting in _NO_CURRENT else "current"
+
 
 _DMLP_BAND = 0.2
 """W_out counts as "about d_mlp" subcomponents when it uses between (1 - this) and (1 + this) times d_mlp."""
