@@ -14,11 +14,11 @@ transposes of ``linear1``'s (``SPDConfig.tied``). Two ways to train that one set
   of the source's (transposed), re-pointed after every ``.to()``; they are left out of the state dict (a saved
   decomposition has the same tensors in both modes) and filled from the source's on load.
 
-One difference from the reference remains in ``"separate"``: PyTorch's Adam on the CPU updates one parameter at a
-time, so in the warm-up's AdamW the second update's decay also scales the first update (a relative difference of
-``lr * weight_decay`` = 1e-3 on that one term per warm-up step); the reference on a GPU uses the multi-tensor
-implementation, which decays both views before adding either update. The Adam steps of the main loop have no weight
-decay, so there the two agree exactly.
+One difference from the reference remains in ``"separate"`` on the CPU: PyTorch's AdamW there updates one
+parameter at a time, so in the warm-up (weight decay 0.1) the second view's decay also scales the first view's update
+(a relative difference of ``lr * weight_decay`` = 1e-3 on that one term per warm-up step), where the multi-tensor
+implementation, PyTorch's default on a GPU (the reference's runs, and ours with ``device="cuda"``), decays both views
+before adding either update. The main loop's Adam has no weight decay, so there the two orders agree exactly.
 """
 
 from __future__ import annotations
