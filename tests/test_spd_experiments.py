@@ -24,6 +24,7 @@ from mlpinterp.experiments.spd import (
 )
 from mlpinterp.paramspace import resolve_sites
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
+from tests.cli_utils import flat
 
 torch.set_num_threads(1)
 
@@ -227,13 +228,37 @@ def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target)
     assert "current reference recipe" in md and "200-step faithfulness warm-up" in md and "not the paper's" in md
     other = tmp_path / "paper"
     save_toy(tms52_target, other / "seed0" / "target", _info(seed=0))
-    assert CliRunner().invoke(app, _args(other, "--seeds", "1")).exit_code == 0
+    assert CliRunner().invoke(app, _args(other, "--seeds", "1", "--recipe", "paper")).exit_code == 0
+    assert json.loads((other / "metrics.json").read_text())["recipe"] == "paper"
+    bad = CliRunner().invoke(app, _args(other, "--seeds", "1"))  # the default is current: refused, naming both
+    assert bad.exit_code == 1 and "holds a `--recipe paper` run" in bad.output, bad.output
+    assert "pass --recipe paper to resume it" in " ".join(bad.output.split()), bad.output
+    (other / "metrics.json").unlink()  # an interrupted run has no metrics.json: its checkpoint refuses
     bad = CliRunner().invoke(app, _args(other, "--seeds", "1", "--recipe", "current"))
     assert bad.exit_code == 1 and "delta_component: saved False, requested True" in bad.output, bad.output
     r2 = CliRunner().invoke(app, ["reproduce", "spd", "--setting", "resid-mlp-2", "--out", str(tmp_path / "r2"),
                                   "--recipe", "current", "--quick", "--quiet"])
     assert r2.exit_code == 1 and "not available for resid-mlp-2" in r2.output and "Traceback" not in r2.output
     assert not (tmp_path / "r2").exists()
+
+
+def test_default_recipe_is_current_where_implemented(tmp_path, tms52_target):
+    """Without --recipe, reproduce spd runs the current reference recipe (measured better across seeds), except on
+    resid-MLP-2 where only the paper's is implemented; the help says so."""
+    from mlpinterp.experiments.spd import default_recipe
+
+    assert {s: default_recipe(s) for s in SETTINGS} == {**{s: "current" for s in SETTINGS}, "resid-mlp-2": "paper"}
+    with pytest.raises(ValueError, match="setting must be one of"):
+        default_recipe("tms-9-9")
+    save_toy(tms52_target, tmp_path / "seed0" / "target", _info(seed=0))
+    res = CliRunner().invoke(app, _args(tmp_path, "--seeds", "1"))
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["recipe"] == "current" and m["config"]["lower_sigmoid"] == "clamped"
+    assert m["config"]["tied_updates"] == "separate" and m["config"]["delta_component"]
+    assert "two parameters over one storage" in (tmp_path / "report.md").read_text()
+    help_text = flat(CliRunner().invoke(app, ["reproduce", "spd", "--help"], env={"COLUMNS": "300"}).output)
+    assert "Default: current (paper for resid-mlp-2, where current is not implemented)" in help_text, help_text
 
 
 def test_resid_goal_on_hand_metrics():

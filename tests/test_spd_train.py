@@ -157,7 +157,8 @@ def _interrupt_at_step_20(model, cfg, out_dir):
         decompose(model, _sample, cfg, out_dir=out_dir, quiet=True, callback=interrupt)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(tied=(("linear1", "linear2"),), init="paper-era")])
+@pytest.mark.parametrize("kw", [{}, dict(tied=(("linear1", "linear2"),), init="paper-era"),
+                                dict(tied=(("linear1", "linear2"),), tied_updates="separate", lower_sigmoid="clamped")])
 def test_resume_is_bit_identical(tms52_target, tmp_path, kw):
     model = as_linears(tms52_target)
     cfg = _tms_cfg(**kw)
@@ -185,7 +186,7 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     full = decompose(model, _sample, cfg, quiet=True)
     _interrupt_at_step_20(model, cfg, tmp_path)
     later = ("layerwise_masks", "compile", "delta_component", "faithfulness_warmup_steps", "faithfulness_warmup_lr",
-             "faithfulness_warmup_weight_decay")  # as an earlier version wrote it
+             "faithfulness_warmup_weight_decay", "lower_sigmoid", "tied_updates")  # as an earlier version wrote it
     rewrite(tmp_path / "checkpoint.safetensors",
             lambda m: {**m, "config": {k: v for k, v in m["config"].items() if k not in later}})
     ckpt = (tmp_path / "checkpoint.safetensors").read_bytes()
@@ -198,6 +199,12 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
     with pytest.raises(ValueError, match=r"delta_component: saved absent \(written before the field existed: "
                                          r"False\), requested True"):
         decompose(model, _sample, with_overrides(cfg, delta_component=True), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match=r"lower_sigmoid: saved absent \(written before the field existed: "
+                                         r"'leaky'\), requested 'clamped'"):
+        decompose(model, _sample, with_overrides(cfg, lower_sigmoid="clamped"), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match=r"tied_updates: saved absent \(written before the field existed: "
+                                         r"'summed'\), requested 'separate'"):
+        decompose(model, _sample, with_overrides(cfg, tied_updates="separate"), out_dir=tmp_path, quiet=True)
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == ckpt  # a refused resume writes nothing
     resumed = decompose(model, _sample, cfg, out_dir=tmp_path, quiet=True)
     assert resumed.history[0]["step"] == 0 and len(resumed.history) == len(full.history)

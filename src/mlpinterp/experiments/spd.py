@@ -117,11 +117,12 @@ RECIPES = ("paper", "current")
 (goodfire-ai/spd at 3f0bb61e, Feb 2026, its ``tms_*_config.yaml`` and ``resid_mlp{1,3}_config.yaml``)."""
 
 #: What the current reference recipe changes in every preset: a delta component instead of the faithfulness loss,
-#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, and the
-#: "scaled" initialisation.
+#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, the
+#: "scaled" initialisation, the lower hard sigmoid clamped to [0, 1] with an upward-only gradient leak
+#: (spd/models/sigmoids.py) and tied TMS factors as two optimiser parameters over one storage (run_spd.py).
 _CURRENT_ALL = dict(delta_component=True, faithfulness_coeff=0.0, faithfulness_warmup_steps=200,
                     faithfulness_warmup_lr=0.01, faithfulness_warmup_weight_decay=0.1, layerwise_masks="fresh",
-                    init="scaled")
+                    init="scaled", lower_sigmoid="clamped", tied_updates="separate")
 #: ... and per setting (its step counts; its "cosine" is a half-period cosine annealing).
 _CURRENT_TMS = dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing")
 CURRENT: dict[str, dict] = {
@@ -134,6 +135,16 @@ CURRENT: dict[str, dict] = {
 }
 _NO_CURRENT = {"resid-mlp-2": "the reference's current resid-MLP-2 recipe uses a causal-importance MLP shared by all "
                               "subcomponents and PGD reconstruction losses, which mlpinterp does not implement"}
+
+
+def default_recipe(setting: str) -> str:
+    """The recipe ``reproduce spd`` runs without ``--recipe``: ``"current"`` wherever it is implemented, ``"paper"``
+    for resid-MLP-2 (the current recipe is not): the current recipe measured better across seeds wherever both ran
+    (docs/spd.md, docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting."""
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    return "paper" if setting in _NO_CURRENT else "current"
+
 
 _DMLP_BAND = 0.2
 """W_out counts as "about d_mlp" subcomponents when it uses between (1 - this) and (1 + this) times d_mlp."""
@@ -296,13 +307,14 @@ def evaluate(name: str, toy: nn.Module, model: nn.Module, dec: Decomposition, cf
 # ---------------------------------------------------------------------------------------------- reproduce
 def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, quiet: bool = False,
               overrides: dict | None = None, n_eval: int = 4000, device: str | None = None,
-              apd_run: str | Path | None = None, recipe: str = "paper", fidelity: str | None = None) -> dict:
+              apd_run: str | Path | None = None, recipe: str | None = None, fidelity: str | None = None) -> dict:
     """Train (or load) targets, decompose with SPD for ``seeds`` seeds, evaluate, write ``metrics.json``,
     ``report.md`` and ``report.html``. Re-running resumes unfinished decompositions from their checkpoints.
 
     ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
     MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
-    ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
+    ``recipe``: :data:`RECIPES` (``None``: :func:`default_recipe`). A directory whose ``metrics.json`` records
+    another recipe is refused, naming both. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
     :func:`target_fidelity`; ``"ours"``: our residual-MLP targets, with biases).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable
@@ -314,11 +326,18 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be an int >= 1, got {seeds!r}")
     check_int(n_eval, "n_eval")  # refused now, not by the evaluation after the first decomposition
+    recipe = default_recipe(setting) if recipe is None else recipe
     cfg0 = spd_config(setting, quick, 0, recipe, **(overrides or {}))
     fid = target_fidelity(setting) if fidelity is None else fidelity  # validated by check_target below
     if device is not None:
         check_device(device)
     out = check_out_dir(out, "spd")
+    if (out / "metrics.json").is_file():  # the default recipe changed: say which one the directory holds
+        saved = read_json(out / "metrics.json", what="metrics").get("recipe", "paper")
+        if saved != recipe:
+            raise ValueError(f"out {str(out)!r} holds a `--recipe {saved}` run (its metrics.json), but recipe "
+                             f"{recipe!r} was requested (without --recipe: the default, \"{default_recipe(setting)}\" "
+                             f"for {setting}); pass --recipe {saved} to resume it, or use another --out")
     apd = read_apd_run(apd_run, setting, out) if apd_run is not None else None  # fail before hours of training
     for seed in range(seeds):  # so are targets of another recipe
         check_target(setting.removesuffix("-id"), seed, out / f"seed{seed}" / "target.safetensors", quick, fid)
@@ -507,7 +526,9 @@ def render_report(result: dict) -> str:
                   f"uniform mask) instead of the faithfulness loss, a {cfg['faithfulness_warmup_steps']}-step "
                   f"faithfulness warm-up (AdamW, lr {cfg['faithfulness_warmup_lr']}, weight decay "
                   f"{cfg['faithfulness_warmup_weight_decay']}), fresh layerwise masks, {cfg['steps']:,} steps, "
-                  f"lr schedule \"{cfg['lr_schedule']}\". The paper's numbers below come from the paper's recipe.", ""]
+                  f"lr schedule \"{cfg['lr_schedule']}\", lower hard sigmoid \"{cfg.get('lower_sigmoid', 'leaky')}\""
+                  f" (clamped: importances in [0, 1], only an upward gradient below 0). The paper's numbers below come "
+                  f"from the paper's recipe.", ""]
     lines += [
              f"Bushnaq, Braun, Sharkey (2025), *Stochastic Parameter Decomposition*. Seeds: n = {n}; device "
              f"{result['device']}; torch threads {result['threads']}; 1/5/15-min load average at the end "
@@ -519,7 +540,10 @@ def render_report(result: dict) -> str:
     tied = "; ".join(f"{b} = {a}ᵀ" for a, b in cfg.get("tied", ()))
     lines += [f"Subcomponents: C = {cfg['C']} per site, initialisation \"{cfg.get('init')}\""
               + (f"; tied sites (one set of subcomponents, transposed, with separate causal importances and masks, "
-                 f"as the SPD reference ties TMS): {tied}" if tied else "") + ".", ""]
+                 f"as the SPD reference ties TMS): {tied}, optimised "
+                 + ("as the reference does, two parameters over one storage (two Adam updates per step)"
+                    if cfg.get("tied_updates") == "separate" else "as one parameter (the two uses' gradients summed)")
+                 if tied else "") + ".", ""]
     if setting.startswith("tms"):
         ps = result["paper_statistic"]
         paper = PAPER[setting]

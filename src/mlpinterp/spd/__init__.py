@@ -28,12 +28,12 @@ from mlpinterp.spd.metrics import (
     scrubbing,
     subcomponents_per_feature,
 )
-from mlpinterp.spd.sigmoids import leaky_hard_sigmoid, upper_leaky_hard_sigmoid
+from mlpinterp.spd.sigmoids import clamped_hard_sigmoid, leaky_hard_sigmoid, upper_leaky_hard_sigmoid
 from mlpinterp.spd.train import SPDConfig, SPDResult, decompose, lr_at, spd_losses, with_overrides
 
 __all__ = [
     "CausalImportance", "Decomposition", "SPDConfig", "SPDResult", "alive_subcomponents", "capture_reads",
-    "causal_importances", "decompose", "faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss",
+    "causal_importances", "clamped_hard_sigmoid", "decompose", "faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss",
     "leaky_hard_sigmoid", "lr_at", "masked_output_mse", "one_hot_importances", "resolve_reads", "responsible_sets",
     "scrubbing", "spd_losses", "stochastic_mask", "stochastic_recon_loss", "subcomponents_per_feature",
     "upper_leaky_hard_sigmoid", "with_overrides",

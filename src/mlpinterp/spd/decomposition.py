@@ -9,7 +9,8 @@ as APD components of inner rank one (:class:`mlpinterp.paramspace.Components` wi
 ML2R apply unchanged. Unlike APD, the subcomponents of different sites are independent: site ``s`` subcomponent
 ``c`` has its own causal importance and mask. Two sites whose target weights are transposes of each other can share
 their subcomponents (``tied``: TMS's ``linear2 = linear1^T``, tied this way by the SPD reference implementation);
-each still has its own causal importances and masks.
+each still has its own causal importances and masks, and ``tied_updates`` says whether the optimiser sees one set of
+factors or the reference's two views of it (:mod:`mlpinterp.spd.tying`).
 
 The causal importance of site ``s`` reads the activation ``a_s`` that ``W_s`` multiplies in the *target*: the input
 of the ``nn.Linear`` itself, and for a parameter site the input of the module named in ``reads`` (``""``: the
@@ -28,7 +29,8 @@ from torch import nn
 
 from mlpinterp.paramspace.components import Components, Site
 from mlpinterp.spd.importance import CausalImportance
-from mlpinterp.spd.sigmoids import leaky_hard_sigmoid, upper_leaky_hard_sigmoid
+from mlpinterp.spd.sigmoids import LOWER_SIGMOIDS, upper_leaky_hard_sigmoid
+from mlpinterp.spd.tying import TIED_UPDATES, SeparatelyTiedComponents
 
 
 def _key(name: str) -> str:
@@ -112,21 +114,32 @@ class Decomposition(nn.Module):
 
     ``tied``: ``{site: source site}`` sharing subcomponents transposed (:class:`Components`); their target weights
     must be transposes of each other (checked by :func:`check_tied_weights` when ``target_weights`` are given).
+    ``tied_updates``: ``"summed"`` (one set of factors) or ``"separate"`` (the tied site's own parameter views of
+    them, :class:`~mlpinterp.spd.tying.SeparatelyTiedComponents`, as the SPD reference).
+    ``lower_sigmoid``: the sigma_H,lower of the masks, ``"leaky"`` (the paper's) or ``"clamped"`` (the current
+    reference's; :mod:`mlpinterp.spd.sigmoids`).
 
-    Raises ``ValueError`` for ``C < 1``, ``d_gate < 1``, another ``init``, ``"paper-era"`` without
-    ``target_weights``, or a bad ``tied`` (and what :class:`Components` raises).
+    Raises ``ValueError`` for ``C < 1``, ``d_gate < 1``, another ``init``, ``tied_updates`` or ``lower_sigmoid``,
+    ``"paper-era"`` without ``target_weights``, or a bad ``tied`` (and what :class:`Components` raises).
     """
 
     def __init__(self, sites: Sequence[Site], C: int, d_gate: int, reads: Mapping[str, str],
                  generator: torch.Generator | None = None, init: str = "scaled",
-                 tied: Mapping[str, str] | None = None, target_weights: Mapping[str, torch.Tensor] | None = None):
+                 tied: Mapping[str, str] | None = None, target_weights: Mapping[str, torch.Tensor] | None = None,
+                 tied_updates: str = "summed", lower_sigmoid: str = "leaky"):
         super().__init__()
         if init not in SPD_INITS:
             raise ValueError(f"init must be one of {SPD_INITS}, got {init!r}")
+        if tied_updates not in TIED_UPDATES:
+            raise ValueError(f"tied_updates must be one of {TIED_UPDATES}, got {tied_updates!r}")
+        if lower_sigmoid not in LOWER_SIGMOIDS:
+            raise ValueError(f"lower_sigmoid must be one of {tuple(LOWER_SIGMOIDS)}, got {lower_sigmoid!r}")
         if init == "paper-era" and target_weights is None:
             raise ValueError("init='paper-era' scales each subcomponent by its overlap with the target weight: pass "
                              "target_weights ({site: [d_out, d_in]})")
-        self.components = Components(sites, C, m=1, init_scale=1.0, generator=generator, tied=tied)
+        kind = SeparatelyTiedComponents if tied_updates == "separate" else Components
+        self.components = kind(sites, C, m=1, init_scale=1.0, generator=generator, tied=tied)
+        self.lower_sigmoid = lower_sigmoid
         if target_weights is not None:
             missing = [s.name for s in sites if s.name not in target_weights]
             if missing:
@@ -186,10 +199,12 @@ class Decomposition(nn.Module):
         return out
 
     def causal_importance(self, acts: Mapping[str, torch.Tensor], compile: bool = False) -> tuple[dict, dict]:
-        """``(g_lower, g_upper)``: ``{site: [..., C]}`` through sigma_H,lower (masks) and sigma_H,upper (minimality);
-        ``compile``: the importance MLPs through ``torch.compile`` (:class:`CausalImportance`)."""
+        """``(g_lower, g_upper)``: ``{site: [..., C]}`` through sigma_H,lower (masks; ``self.lower_sigmoid``) and
+        sigma_H,upper (minimality); ``compile``: the importance MLPs through ``torch.compile``
+        (:class:`CausalImportance`)."""
         raw = {k: self.importance[_key(k)](h, compile) for k, h in self.inner_acts(acts).items()}
-        return ({k: leaky_hard_sigmoid(v) for k, v in raw.items()},
+        lower = LOWER_SIGMOIDS[self.lower_sigmoid]
+        return ({k: lower(v) for k, v in raw.items()},
                 {k: upper_leaky_hard_sigmoid(v) for k, v in raw.items()})
 
     def target_forward(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

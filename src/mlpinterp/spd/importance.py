@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlpinterp.spd.importance_fused import fused_scalar_mlps
 from mlpinterp.utils.validation import check_int
 
 
@@ -42,6 +43,17 @@ _BUCKET = 256
 _MIN_ZERO_SHARE = 0.5
 """The zero-row path runs only when at least this share of the rows is zero: below it, gathering and scattering
 the rows cost more than the rows saved (``benchmarks/bench_spd_steps.py``; ``docs/measurements.md``)."""
+
+FUSED = {False: True, True: False}
+"""Per ``compile`` flag: run the MLPs through the fused autograd Function that recomputes the hidden layer in the
+backward pass (:mod:`mlpinterp.spd.importance_fused`; same values and gradients) instead of autograd of the formula;
+eager only for sites with ``C * d_gate >= FUSED_EAGER_MIN_WIDTH``. Chosen by measurement per step
+(``benchmarks/bench_spd_steps.py``, docs/measurements.md "SPD"): compiled, the fused form was not faster (inductor
+already recomputes instead of storing); eager, it was much faster for wide sites (TMS 40-10), as fast at resid-MLP-1's
+width with a fraction of the memory, and slower for narrow ones (TMS 5-2)."""
+
+FUSED_EAGER_MIN_WIDTH = 1600
+"""``C * d_gate`` from which the eager path is fused (``FUSED[False]``): resid-MLP-1 (100 x 16) and wider."""
 
 SKIP_ZERO_ROWS = True
 """Evaluate the MLPs once for all all-zero rows of ``h`` (:meth:`CausalImportance.forward`); ``False`` evaluates
@@ -74,7 +86,10 @@ class CausalImportance(nn.Module):
     def forward(self, h: torch.Tensor, compile: bool = False) -> torch.Tensor:
         if h.shape[-1] != self.C:
             raise ValueError(f"inner activations must have shape [..., C={self.C}], got {list(h.shape)}")
-        f = _compiled_scalar_mlps() if compile else _scalar_mlps
+        if FUSED[bool(compile)] and (compile or self.C * self.d_gate >= FUSED_EAGER_MIN_WIDTH):
+            f = functools.partial(fused_scalar_mlps, compile=bool(compile))
+        else:
+            f = _compiled_scalar_mlps() if compile else _scalar_mlps
         params = (self.w1, self.b1, self.w2, self.b2)
         flat = h.reshape(-1, self.C)
         n = flat.shape[0]

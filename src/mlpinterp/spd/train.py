@@ -9,7 +9,9 @@ with Adam (no weight decay) and a constant, ``cos(pi/2 * t / (T - 1))`` (the pap
 ``(1 + cos(pi t / (T - 1))) / 2`` (the current reference's) learning rate. The current SPD reference implementation's
 recipe (goodfire-ai/spd, 2026) is available too: a *delta component* ``r (W - U V)`` per masked site with its own
 uniform mask ``r`` (``delta_component``; its configs then drop the faithfulness loss, ``faithfulness_coeff=0``), and a
-faithfulness warm-up of the subcomponents alone before step 0 (``faithfulness_warmup_steps`` AdamW steps). Batches come from
+faithfulness warm-up of the subcomponents alone before step 0 (``faithfulness_warmup_steps`` AdamW steps), its lower
+hard sigmoid clamped to [0, 1] (``lower_sigmoid``) and its two optimiser parameters per tied factor
+(``tied_updates``). Batches come from
 ``sample(step)`` and the masks' ``r`` from a generator seeded by ``(seed, step)``, so a run is deterministic and an
 interrupted run resumed from its atomic checkpoint (``out_dir/checkpoint.safetensors``) is bit-identical.
 """
@@ -34,6 +36,8 @@ from mlpinterp.spd.losses import (
     stochastic_recon_loss,
 )
 from mlpinterp.spd.masks import stochastic_mask
+from mlpinterp.spd.sigmoids import LOWER_SIGMOIDS
+from mlpinterp.spd.tying import TIED_UPDATES
 from mlpinterp.toys.data import step_generator
 from mlpinterp.utils.checkpoint import (
     TrainingDiverged,
@@ -65,7 +69,7 @@ LAYERWISE_MASKS = ("shared", "fresh")
 #: (``load_training_state``'s ``implicit``). Add a field here when it is added to SPDConfig.
 ADDED_FIELDS = {"init": "scaled", "tied": (), "compile": False, "layerwise_masks": "shared",
                 "delta_component": False, "faithfulness_warmup_steps": 0, "faithfulness_warmup_lr": 0.01,
-                "faithfulness_warmup_weight_decay": 0.1}
+                "faithfulness_warmup_weight_decay": 0.1, "lower_sigmoid": "leaky", "tied_updates": "summed"}
 LR_SCHEDULES = ("cosine", "constant", "cosine-annealing")
 
 
@@ -85,6 +89,14 @@ class SPDConfig:
     """(source, tied) site pairs whose target weights are transposes of each other (TMS: linear1 = W, linear2 = W^T):
     the tied site's subcomponents are the source's transposed (U and V swapped), as in the SPD reference
     implementation; each site keeps its own causal importances and masks."""
+    tied_updates: str = "summed"
+    """How Adam trains a tied pair: "summed" (one set of factors, the gradients of both uses summed, one update) or
+    "separate" (the SPD reference's: the tied site's own parameters over the source's storage, two Adam states and
+    two updates per step; :mod:`mlpinterp.spd.tying`)."""
+    lower_sigmoid: str = "leaky"
+    """sigma_H,lower of the masks: "leaky" (the SPD paper's: slope 0.01 x below 0, value and gradient) or "clamped"
+    (the current SPD reference's: value clamped to [0, 1], below 0 only a gradient that raises the value passes,
+    times 0.01; :mod:`mlpinterp.spd.sigmoids`)."""
     init: str = "scaled"
     """Subcomponent initialisation: "scaled" (``U_c ~ N(0, 1/C)``, ``V_c ~ N(0, 1/d_in)``, as the current SPD
     reference: the summed weight starts with entry std ``1/sqrt(d_in)``) or "paper-era" (the reference of the
@@ -148,7 +160,8 @@ class SPDConfig:
              "importance_minimality_coeff"): Real(0.0),
             "lr_schedule": OneOf(LR_SCHEDULES), "layerwise_masks": OneOf(LAYERWISE_MASKS),
             "output_loss": OneOf(("mse", "kl"), either=True), ("compile", "delta_component"): Bool(), "init": OneOf(SPD_INITS),
-            "dtype": OneOf(sorted(DTYPES))})
+            "dtype": OneOf(sorted(DTYPES)), "tied_updates": OneOf(TIED_UPDATES),
+            "lower_sigmoid": OneOf(tuple(LOWER_SIGMOIDS))})
         check_real(self.pnorm, "pnorm (importance-minimality exponent p)", 0.0, lo_open=True)
         t = self.targets
         if isinstance(t, str) or not isinstance(t, (tuple, list)) or not t or not all(isinstance(v, str) for v in t):
@@ -316,7 +329,8 @@ def decompose(model: nn.Module, sample: Callable[[int], torch.Tensor], cfg: SPDC
     reads = resolve_reads(model, sites, dict(cfg.reads))
     target_weights = {s.name: target_weight(model, s).detach() for s in sites}
     dec = Decomposition(sites, cfg.C, cfg.d_gate, reads, generator=torch.Generator().manual_seed(cfg.seed),
-                        init=cfg.init, tied={dst: src for src, dst in cfg.tied}, target_weights=target_weights)
+                        init=cfg.init, tied={dst: src for src, dst in cfg.tied}, target_weights=target_weights,
+                        tied_updates=cfg.tied_updates, lower_sigmoid=cfg.lower_sigmoid)
     dec.to(device=dev, dtype=dtype)
     opt = torch.optim.Adam(dec.parameters(), lr=cfg.lr)
     ckpt = Path(out_dir) / "checkpoint.safetensors" if out_dir is not None else None

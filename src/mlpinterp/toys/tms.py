@@ -69,10 +69,14 @@ class TMS(nn.Module):
 class TMSLinears(nn.Module):
     """The same function as a :class:`TMS` written with ``nn.Linear`` modules, as in the SPD reference implementation:
     ``linear1`` (weight ``W``, no bias), optionally ``identity`` (weight ``I``), ``linear2`` (weight ``W^T``, bias
-    ``b``) and a ReLU. SPD decomposes ``linear1`` and ``linear2`` as two sites with their own subcomponents: the
-    causal importance of a subcomponent of ``linear2`` then reads the hidden activation ``h`` (its input), which
-    decides whether the interference on an inactive output passes the ReLU. (With the tied ``W`` as one site, the
-    importances could only read ``x``.) Build it with :func:`as_linears`.
+    ``b``) and a ReLU. SPD decomposes ``linear1`` and ``linear2`` as two sites, each with its own causal importances
+    and masks: the causal importance of a subcomponent of ``linear2`` then reads the hidden activation ``h`` (its
+    input), which decides whether the interference on an inactive output passes the ReLU. (With the tied ``W`` as one
+    site, the importances could only read ``x``.) The SPD presets tie the two sites' subcomponents (``linear2``'s
+    are ``linear1``'s transposed: ``SPDConfig.tied``; how the optimiser sees them: ``SPDConfig.tied_updates``,
+    :mod:`mlpinterp.spd.tying`). ``linear2.weight`` here is a frozen copy of ``W^T``, where the reference's
+    ``TMSModel.tie_weights_`` (``spd/experiments/tms/models.py``) shares storage: the same target, which is never
+    trained here. Build it with :func:`as_linears`.
     """
 
     def __init__(self, n_features: int, d_hidden: int, identity: bool = False):
