@@ -45,64 +45,24 @@ unknown or unverifiable activation; a block whose forward disagrees with the imp
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
 from mlpinterp.hf.activation import resolve_activation
+from mlpinterp.hf.experts import expert_site
 from mlpinterp.hf.layouts import (
     ACT_ATTRS,
     LAYOUTS,
-    Layout,
     check_forward,
     find_act,
     get_part,
     match_layout,
     read_network,
 )
+from mlpinterp.hf.site import FFNSite, candidate_paths, config_activation, is_fused_experts
 from mlpinterp.networks import GLU, MLP
 
 __all__ = ["FFNSite", "ffn_paths", "ffn_site", "from_hf"]
 
 _ATTENTION_NAMES = ("attn", "attention", "selfattention", "self_attn", "crossattention", "encdecattention")
-
-
-@dataclass(frozen=True)
-class FFNSite:
-    """An FFN block of a model: its exact float64 network and where its input and output live in the model.
-
-    The hook contract (paths relative to the model root, as ``model.get_submodule`` takes them):
-    ``x = args[0]`` of a forward pre-hook on ``input_module`` is the FFN input, ``[..., d_in]`` (the leading shape
-    is the model's: ``[batch, seq, d_in]``, or ``[batch * seq, d_in]`` in OPT, which flattens before its FFN), and
-    the output of ``output_module`` is exactly ``network(x)`` (``[..., d_out]``) before any dropout, residual add or
-    LayerNorm, so a forward hook on ``output_module`` that returns ``p(x)`` splices an approximant ``p`` in.
-    """
-
-    network: MLP | GLU
-    """The block as ``MLP`` (W1 = up, W2 = down) or ``GLU`` (W = gate, V = up, W2 = down), float64 numpy weights."""
-    path: str
-    """The path as the user gave it."""
-    family: str
-    """The model family: ``config.model_type`` of the model (``"phi"``, ``"falcon"``, ``"gpt_bigcode"``, ``"qwen2"``),
-    or the naming convention when the model has no config."""
-    input_module: str
-    """Module whose forward input ``args[0]`` is the FFN input x (the block's first projection; for an expert of a
-    fused-experts module, that module: ``args[0]`` holds every token the router sees, routed here or not)."""
-    output_module: str | None
-    """Module whose output is the FFN output f(x) (the block's output projection); None for an expert of a
-    fused-experts module, whose output no module returns alone (the experts module returns the routed, weighted
-    sum), so an expert cannot be spliced by a hook."""
-    activation_source: str
-    """Where the activation was read from, e.g. ``"config.activation_function='gelu_new' (NewGELUActivation module)"``."""
-    convention: str = ""
-    """Naming convention recognised (:data:`~mlpinterp.hf.layouts.LAYOUTS`): bert, gpt2, gpt_neox, bloom, opt,
-    distilbert, gptj, t5, llama, t5-gated, mixtral, phi3, or fused-experts."""
-
-    def __repr__(self) -> str:
-        n = self.network
-        return (f"FFNSite(path={self.path!r}, family={self.family!r}, convention={self.convention!r}, "
-                f"network={type(n).__name__}(d_in={n.d_in}, "
-                f"d_hidden={n.d_hidden}, d_out={n.d_out}, activation={n.activation!r}), "
-                f"input_module={self.input_module!r}, output_module={self.output_module!r}, "
-                f"activation_source={self.activation_source!r})")
 
 
 def _check_model(model) -> None:
@@ -117,20 +77,6 @@ def _check_model(model) -> None:
             f"model {type(model).__name__} is quantised (quantization method {method}); closed-form approximants need "
             "the float weights: load it without quantization_config / load_in_8bit / load_in_4bit"
         )
-
-
-def _candidates(model, path: str) -> list[str]:
-    """``path``, then with the wrapper prefix added (``transformer.`` on GPT2LMHeadModel) or removed (on GPT2Model)."""
-    import torch
-
-    out = [path]
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    if prefix:
-        if path.startswith(prefix + "."):
-            out.append(path[len(prefix) + 1 :])
-        elif isinstance(getattr(model, prefix, None), torch.nn.Module):
-            out.append(f"{prefix}.{path}")
-    return out
 
 
 def _summary(paths: list[str]) -> str:
@@ -150,7 +96,7 @@ def resolve_path(model, path: str):
     if not path.strip():
         raise ValueError("path must be a non-empty dotted module path such as 'h.3.mlp' (see ffn_paths(model)); for "
                          "a module that is itself the FFN use mlpinterp.from_module")
-    for cand in _candidates(model, path):
+    for cand in candidate_paths(model, path):
         try:
             mod = model.get_submodule(cand)
         except AttributeError:
@@ -190,16 +136,6 @@ def ffn_paths(model) -> list[str]:
     return out
 
 
-def is_fused_experts(mod) -> bool:
-    """True for a fused-experts module (transformers 5 Mixtral / Qwen-MoE): ``gate_up_proj [E, 2 h, d]``,
-    ``down_proj [E, d, h]`` tensors and an ``act_fn``."""
-    import torch
-
-    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
-    return (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.ndim == 3 and dn.ndim == 3
-            and callable(getattr(mod, "act_fn", None)))
-
-
 def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
     cls = type(block).__name__
     paths = ffn_paths(model)
@@ -237,20 +173,6 @@ def _not_an_ffn(model, path: str, full: str, block) -> ValueError:
     return ValueError(f"{path!r} ({cls}, children {children}) is not an FFN block{tail}")
 
 
-def _config_activation(model, block, layout: Layout):
-    """``(config key, value)`` of the activation entry the family reads, from the block's or the model's config."""
-    configs = [getattr(block, "config", None), getattr(model, "config", None)]
-    text = getattr(configs[1], "get_text_config", None)
-    if callable(text):
-        configs.append(text())
-    for cfg in configs:
-        for key in layout.config_keys if cfg is not None else ():
-            value = getattr(cfg, key, None)
-            if value is not None:
-                return key, value
-    return None, None
-
-
 def ffn_site(model, path: str) -> FFNSite:
     """The FFN block at ``path`` in ``model`` as an :class:`FFNSite` (network, family, hook modules, activation source).
 
@@ -272,8 +194,6 @@ def ffn_site(model, path: str) -> FFNSite:
     try:
         full, block = resolve_path(model, path)
     except ValueError:
-        from mlpinterp.hf.experts import expert_site
-
         site = expert_site(model, path, _family(model, "fused-experts"))
         if site is None:
             raise
@@ -289,7 +209,7 @@ def ffn_site(model, path: str) -> FFNSite:
             "torch.device('meta') / init_empty_weights(), or offloaded by device_map); load the weights first"
         )
     _, act_obj = find_act(block, layout)
-    key, value = _config_activation(model, block, layout)
+    key, value = config_activation(model, block, layout)
     activation, source = resolve_activation(act_obj, value, key, where=full)
     network = read_network(block, layout, activation, where=full)
     check_forward(block, layout, network, where=full)

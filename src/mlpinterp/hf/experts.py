@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlpinterp.hf.site import FFNSite, candidate_paths, config_activation, is_fused_experts
 from mlpinterp.networks import GLU
 from mlpinterp.utils.validation import to_numpy
 
@@ -24,9 +25,7 @@ _PARTS = ("gate_up_proj", "down_proj")
 
 def _resolve(model, head: str):
     """``(full path, module)`` of ``head`` with or without the model's wrapper prefix, or ``(None, None)``."""
-    from mlpinterp.hf.blocks import _candidates
-
-    for cand in _candidates(model, head):
+    for cand in candidate_paths(model, head):
         try:
             return cand, model.get_submodule(cand)
         except AttributeError:
@@ -45,7 +44,6 @@ def expert_site(model, path: str, family: str):
     import torch
 
     from mlpinterp.hf.activation import resolve_activation
-    from mlpinterp.hf.blocks import FFNSite, _config_activation, is_fused_experts
     from mlpinterp.hf.layouts import FORWARD_TOLERANCE, Layout
 
     head, _, tail = path.rpartition(".")
@@ -76,7 +74,7 @@ def expert_site(model, path: str, family: str):
     Wgu = to_numpy(gu[e].detach(), f"{where}.gate_up_proj")
     W2 = to_numpy(dn[e].detach(), f"{where}.down_proj")
     layout = Layout("fused-experts", "gate_up_proj", "down_proj", "act_fn", ("hidden_act",), fused=True)
-    key, value = _config_activation(model, mod, layout)
+    key, value = config_activation(model, mod, layout)
     activation, source = resolve_activation(mod.act_fn, value, key, where=where)
     zeros = np.zeros(h)
     network = GLU(Wgu[:h], zeros, Wgu[h:], zeros, W2, np.zeros(d), activation)

@@ -21,14 +21,12 @@ import scipy.linalg
 
 from mlpinterp.networks import GLU, MLP, Network
 from mlpinterp.poly.readout import Readout, RidgeBasis
+from mlpinterp.poly.ridge_validation import RIDGE_GRID, validation_targets
 from mlpinterp.utils.validation import check_instance, check_int, check_real, check_shape, to_numpy
 
 #: Default ridge: lam = DEFAULT_RIDGE * (mean diagonal of M over the non-constant features); a conditioning guard,
 #: far below the noise level of 10^4-10^5 tokens.
 DEFAULT_RIDGE = 1e-8
-
-#: Relative ridges tried by ``ridge="validation"`` (the one with the lowest FVU on held-back samples is kept).
-RIDGE_GRID = (1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
 @dataclass
@@ -289,7 +287,7 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
     neq = normal_equations(network, basis, X, degrees[-1], chunk=chunk).all_reduce()
     if not isinstance(ridge, str):
         return {d: _with_solver(solve_projection(neq.leading(d, basis), basis, ridge=ridge)) for d in degrees}
-    Phi_val, Y_val, sst = _validation_targets(network, basis, X_val, degrees[-1])
+    Phi_val, Y_val, sst = validation_targets(network, basis, X_val, degrees[-1])
     out = {}
     for d in degrees:
         sub = neq.leading(d, basis)
@@ -311,17 +309,6 @@ def project_on_data(network: Network, basis: RidgeBasis, X, degrees, *, ridge: f
 
 def _with_solver(res: tuple[Readout, dict], solver: str = "dense") -> tuple[Readout, dict]:
     return res[0], {**res[1], "solver": solver}
-
-
-def _validation_targets(network, basis, X_val, degree):
-    """Features ``[m', F]``, outputs and total sum of squares of the validation samples (checked)."""
-    X_val = check_shape(to_numpy(X_val, "X_val"), "X_val", (None, network.d_in))
-    Phi_val, Y_val = basis._features(X_val, degree), network(X_val)
-    sst = float(((Y_val - Y_val.mean(0)) ** 2).sum())
-    if X_val.shape[0] < 2 or not sst > 1e-10 * float((Y_val**2).sum()):
-        raise ValueError(f"X_val must hold >= 2 samples on which the block's output varies (the validation FVU "
-                         f"divides by its variance), got {X_val.shape[0]} sample(s) with total sum of squares {sst:.3g}")
-    return Phi_val, Y_val, sst
 
 
 def _pick_ridge(basis, degree, fit, Phi_val, Y_val, sst, solver):

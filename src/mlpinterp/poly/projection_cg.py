@@ -18,6 +18,7 @@ import numpy as np
 
 from mlpinterp.networks import Network
 from mlpinterp.poly.readout import Readout, RidgeBasis
+from mlpinterp.poly.ridge_validation import RIDGE_GRID, validation_targets
 from mlpinterp.utils.validation import check_int, to_numpy
 
 
@@ -112,8 +113,6 @@ def project_cg(network: Network, basis: RidgeBasis, X, degrees: list[int], *, ri
     ``info["solver"] = "cg"``, ``info["iterations"]`` and ``info["residual"]`` (largest relative residual over
     outputs). Raises ``ValueError`` for a non-positive ``tol`` / ``maxiter`` and when CG does not reach ``tol``
     within ``maxiter`` iterations (the message gives the residual reached)."""
-    from mlpinterp.poly.projection import RIDGE_GRID, _validation_targets
-
     chunk = check_int(chunk, "chunk", minimum=1)
     maxiter = check_int(maxiter, "maxiter", minimum=1)
     if not (isinstance(tol, float | int) and 0 < tol < 1):
@@ -126,7 +125,7 @@ def project_cg(network: Network, basis: RidgeBasis, X, degrees: list[int], *, ri
         grid = (float(ridge),)
     else:
         grid = RIDGE_GRID
-        Phi_val, Y_val, sst_val = _validation_targets(network, basis, X_val, degrees[-1])
+        Phi_val, Y_val, sst_val = validation_targets(network, basis, X_val, degrees[-1])
     out = {}
     for d in degrees:
         op = _Streamed(network, basis, X, d, chunk)
