@@ -14,7 +14,7 @@ import resource
 import tempfile
 import time
 
-from mlpinterp.experiments.polynomial_repro import PolynomialReproConfig, run_polynomial_repro
+from mlpinterp.studies.polynomial.run import PolynomialReproConfig, run_polynomial_repro
 
 
 def main() -> None:

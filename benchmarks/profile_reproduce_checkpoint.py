@@ -65,12 +65,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from mlpinterp.data import load_dataset
-    from mlpinterp.experiments import polynomial_eval as pe
-    from mlpinterp.experiments import polynomial_repro as pr
-    from mlpinterp.experiments.polynomial_config import PolynomialReproConfig
     from mlpinterp.gaussian.distributions import GaussianMixture
     from mlpinterp.models import ClassifierConfig, find_checkpoints, load_classifier, train_classifier
     from mlpinterp.poly.mixture import exact
+    from mlpinterp.studies.polynomial import evaluate as pe
+    from mlpinterp.studies.polynomial import run as pr
+    from mlpinterp.studies.polynomial.settings import PolynomialReproConfig
 
     wrap(exact, "fit_ridge", "  solve: per-class + pooled fit_ridge")
     wrap(exact, "quadratic_in_u", "  solve: quadratic_in_u (11 per solve)")

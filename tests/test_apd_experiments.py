@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import PRESETS, apd_config, reproduce, setting_spec, target_config
+from mlpinterp.studies.apd.run import PRESETS, apd_config, reproduce, setting_spec, target_config
 from mlpinterp.toys import RESID_PRESETS, TMSConfig, build_resid_mlp, save_toy, train_tms
 
 torch.set_num_threads(1)

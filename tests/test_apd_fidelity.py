@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from mlpinterp.apd import APDConfig, lr_at
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import (
+from mlpinterp.paramspace import Components, reference_init_std, reference_rank, resolve_sites
+from mlpinterp.studies.apd.run import (
     DEFAULT_FIDELITY,
     apd_config,
     default_fidelity,
@@ -20,8 +21,7 @@ from mlpinterp.experiments.apd import (
     reproduce,
     target_config,
 )
-from mlpinterp.experiments.spd import spd_target
-from mlpinterp.paramspace import Components, reference_init_std, reference_rank, resolve_sites
+from mlpinterp.studies.spd.run import spd_target
 from mlpinterp.toys import TMS, TMSConfig, save_toy, train_tms
 
 torch.set_num_threads(1)

@@ -590,7 +590,7 @@ def test_text_and_model_loading_bad_input():
 
 
 def _exp(model, **kw):
-    from mlpinterp.experiments.transformer_config import TransformerExperiment
+    from mlpinterp.studies.transformer.settings import TransformerExperiment
 
     base = dict(model=model, degrees=(1, 2), input_models=("gaussian", "data"),
                 capture=CaptureConfig(ctx_len=16, seq_batch=8, max_tokens=900, keep_fit=900, passage_chunks=2),
@@ -601,7 +601,8 @@ def _exp(model, **kw):
 
 def run_transformer(out, exp, *, texts, quiet=True):
     """The experiment without its report (figures take most of a tiny run's time; results.json is written first)."""
-    from mlpinterp.experiments import transformer, transformer_report
+    from mlpinterp.studies.transformer import report as transformer_report
+    from mlpinterp.studies.transformer import run as transformer
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(transformer_report, "write_transformer_report", lambda out, results: None)

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.polynomial_repro import DATASET_DEFAULTS
 from mlpinterp.models import checkpoint_steps
+from mlpinterp.studies.polynomial.run import DATASET_DEFAULTS
 from tests.cli_utils import flat
 
 SMALL = ["--d-hidden", "16", "--warmup-steps", "1000", "--quiet"]

@@ -12,10 +12,10 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
 from mlpinterp.cli.main import app  # noqa: E402
-from mlpinterp.experiments.transformer import run_transformer  # noqa: E402
-from mlpinterp.experiments.transformer_config import TransformerExperiment  # noqa: E402
 from mlpinterp.lm.capture_config import CaptureConfig
 from mlpinterp.poly.finetune_config import HybridConfig  # noqa: E402
+from mlpinterp.studies.transformer.run import run_transformer  # noqa: E402
+from mlpinterp.studies.transformer.settings import TransformerExperiment  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tiny_llama, tokenizer  # noqa: E402
 
 
@@ -85,9 +85,9 @@ def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_
     """A config.json written before ``saes`` existed (its key absent) resumes, reusing the capture and the finished
     block, when the request asks for no SAE alignment (the behaviour of that time), and is refused naming the field
     when it asks for one."""
-    import mlpinterp.experiments.transformer_report as report
-    from mlpinterp.experiments.transformer_config import ADDED_FIELDS
+    import mlpinterp.studies.transformer.report as report
     from mlpinterp.models import RunConflictError
+    from mlpinterp.studies.transformer.settings import ADDED_FIELDS
 
     monkeypatch.setattr(report, "write_transformer_report", lambda *a, **k: None)  # figures: seconds, not tested here
     model, out = _saved(tmp_path, "bert"), tmp_path / "run"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.mfr import _fmt, _integer_k_axis, _verdicts
+from mlpinterp.studies.mfr.run import _fmt, _integer_k_axis, _verdicts
 
 matplotlib.use("Agg")
 

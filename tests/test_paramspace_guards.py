@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import render_report as apd_report
-from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
-from mlpinterp.experiments.spd import read_apd_run
+from mlpinterp.studies import report as rep
+from mlpinterp.studies.apd.run import render_report as apd_report
+from mlpinterp.studies.paramspace.rundir import check_out_dir, method_of, recipe_overrides
+from mlpinterp.studies.spd.run import read_apd_run
 from mlpinterp.utils.validation import check_device
 
 _PER = [{"seed": 0, "mmcs": 0.998, "ml2r": 0.89, "max_cos": [0.998] * 5, "l2_ratio": [0.89] * 5}]
@@ -141,7 +141,7 @@ def test_overridden_preset_gets_no_verdict():
 
 
 def test_recipe_overrides_ignore_execution_fields_and_preset_values():
-    from mlpinterp.experiments.spd import spd_config
+    from mlpinterp.studies.spd.run import spd_config
 
     preset = spd_config("tms-5-2", False, 0)
     assert recipe_overrides(preset, {"compile": False, "log_every": 7, "steps": preset.steps}) == {}
@@ -153,7 +153,8 @@ def test_recipe_overrides_ignore_execution_fields_and_preset_values():
 def test_quick_must_be_a_bool(tmp_path, quick):
     """``quick`` is refused unless a bool: a string such as "no" used to be truthy, so the quick preset (and a
     --quick target recipe) was run and recorded as ``"quick": "no"`` without a word."""
-    from mlpinterp.experiments import apd, spd
+    from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.spd import run as spd
 
     for call in (lambda: spd.spd_config("tms-5-2", quick, 0), lambda: apd.apd_config("tms-5-2", quick, 0),
                  lambda: apd.target_config("resid-mlp-1", 0, quick, "reference"),
@@ -172,7 +173,7 @@ def test_quick_must_be_a_bool(tmp_path, quick):
 def test_apd_reproduce_seeds_must_be_an_int(tmp_path, seeds, error, message):
     """``reproduce apd``'s seeds, as SPD's: before, "3" raised a bare "'<' not supported", 1.5 a range() error after
     the checks, and True ran one seed."""
-    from mlpinterp.experiments.apd import reproduce
+    from mlpinterp.studies.apd.run import reproduce
 
     with pytest.raises(error, match=message):
         reproduce("tms-5-2", seeds, tmp_path / "a", quick=True, quiet=True, overrides={"steps": 1})
@@ -184,7 +185,8 @@ def test_apd_reproduce_seeds_must_be_an_int(tmp_path, seeds, error, message):
 def test_reproduce_n_eval_checked_before_training(tmp_path, method, n_eval, error):
     """``n_eval`` is refused, naming it, before a target is trained (before: SPD trained and decomposed the first
     seed, then failed with "n must be >= 1"; APD's TMS evaluation ignored it)."""
-    from mlpinterp.experiments import apd, spd
+    from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.spd import run as spd
 
     reproduce = apd.reproduce if method == "apd" else spd.reproduce
     with pytest.raises(error, match=r"n_eval must be"):
@@ -195,7 +197,8 @@ def test_reproduce_n_eval_checked_before_training(tmp_path, method, n_eval, erro
 def test_path_arguments_of_another_type_are_named(tmp_path):
     """``out`` and ``apd_run`` that are not paths are refused naming them (before: pathlib's "expected str, bytes or
     os.PathLike object, not int", naming neither)."""
-    from mlpinterp.experiments import apd, spd
+    from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.spd import run as spd
 
     for bad in (5, None):
         with pytest.raises(TypeError, match=rf"out must be a directory path \(str or os.PathLike\), got "
@@ -217,7 +220,8 @@ def test_setting_names_that_are_not_known_strings_are_named(tmp_path, name):
     """A setting that is not one of the names (a list, a dict, None) is the usual "setting must be one of" ValueError
     (before: "unhashable type: 'list'", or an AttributeError from removesuffix/startswith), and SPD's target_fidelity
     no longer answers "reference" for an unknown name."""
-    from mlpinterp.experiments import apd, spd
+    from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.spd import run as spd
 
     for call in (lambda: spd.spd_config(name, True, 0), lambda: apd.apd_config(name, True, 0),
                  lambda: apd.setting_spec(name), lambda: apd.target_config(name, 0, True),

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlpinterp.experiments.report import (
+from mlpinterp.studies.report import (
     DASH,
     figure,
     md_cell,

@@ -85,10 +85,10 @@ def test_svd_attack_beats_random_and_pca_ablation_on_digits(tmp_path):
     import torch
 
     from mlpinterp.data import load_digits
-    from mlpinterp.experiments.polynomial_eval import svd_attack
     from mlpinterp.gaussian.distributions import GaussianMixture
     from mlpinterp.models import ClassifierConfig, load_classifier, train_classifier
     from mlpinterp.poly.fit import fit_polynomial
+    from mlpinterp.studies.polynomial.evaluate import svd_attack
 
     torch.set_num_threads(1)
     d = load_digits()
@@ -174,7 +174,7 @@ def _fake_run(seeds: int, *, smoke: bool = False, svd4: float = 0.3, pca4: float
     """Per-seed results shaped like ``_evaluate_seed``'s, with chosen attack accuracies (seed s adds 0.01 s)."""
     from types import SimpleNamespace
 
-    from mlpinterp.experiments.polynomial_report import summarise
+    from mlpinterp.studies.polynomial.report import summarise
 
     def approx(i, s):
         lin = [0.004, 0.004, 0.03, 0.03][i] + 0.001 * s
@@ -209,7 +209,7 @@ def _verdicts(res):
 
 
 def test_one_seed_shows_no_spread_anywhere():
-    from mlpinterp.experiments.polynomial_report import _markdown
+    from mlpinterp.studies.polynomial.report import _markdown
 
     res = _fake_run(1)
     assert res["final"]["linear_mixture"]["fvu_mixture"] == {"mean": pytest.approx(0.03), "std": None, "n": 1}
@@ -242,7 +242,7 @@ def _check_smoke_report(out, output: str) -> None:
     import base64
     from html.parser import HTMLParser
 
-    from mlpinterp.experiments.polynomial_report import FIGURES
+    from mlpinterp.studies.polynomial.report import FIGURES
 
     imgs = []
 
@@ -306,13 +306,13 @@ def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_
     (their keys absent) resumes, reusing every checkpoint and result, when the request keeps the behaviour of that
     time (plain covariances, the mixture quadratic at every checkpoint, a float64 CG, no pooling); another request is
     refused naming the field, and the CLI's fix gives the flags of that behaviour."""
-    import mlpinterp.experiments.polynomial_plots as plots
-    import mlpinterp.experiments.polynomial_report as report
-    import mlpinterp.experiments.polynomial_repro as repro
+    import mlpinterp.studies.polynomial.figures as plots
+    import mlpinterp.studies.polynomial.report as report
+    import mlpinterp.studies.polynomial.run as repro
     from mlpinterp.data import load_digits
     from mlpinterp.data.pooling import average_pool
-    from mlpinterp.experiments.polynomial_config import ADDED_FIELDS, PolynomialReproConfig
     from mlpinterp.models import RunConflictError
+    from mlpinterp.studies.polynomial.settings import ADDED_FIELDS, PolynomialReproConfig
 
     # seconds, not a minute: digits pooled to 4x4 stand in for the dataset (the 64-pixel mixture quadratic takes
     # ~10 s), and the figures and report, which the resume check does not touch, are skipped
@@ -377,7 +377,7 @@ def test_fit_approximants_warm_starts_the_mixture_cg():
     # d_in = 100 is past the cached dense solve (5151 features > 5000): the mixture quadratic goes through CG, and a
     # warm start from the previous checkpoint's result gives the cold answer in fewer iterations.
     from mlpinterp import MLP, GaussianMixture
-    from mlpinterp.experiments.polynomial_eval import EvalInputs, fit_approximants
+    from mlpinterp.studies.polynomial.evaluate import EvalInputs, fit_approximants
 
     rng = np.random.default_rng(0)
     d = 100
@@ -433,7 +433,7 @@ def test_mnist_14x14_warm_starts_the_mixture_quadratic_along_the_run(tmp_path):
 
 def test_mixture_cg_dtype_choices():
     # default "auto" (bfloat16 on a fast-bfloat16 CPU with full-rank classes, else float32); a bad name is refused
-    from mlpinterp.experiments.polynomial_config import PolynomialReproConfig
+    from mlpinterp.studies.polynomial.settings import PolynomialReproConfig
 
     assert PolynomialReproConfig().mixture_cg_dtype == "auto"
     for ok in ("auto", "bfloat16", "float32", "float64"):
@@ -446,7 +446,7 @@ def test_mixture_samples_are_drawn_per_checkpoint_and_always_the_same():
     # EvalInputs keeps only the size and seed of the Monte Carlo draws (not their 125 MB on MNIST, through every
     # solve); every call returns the draws a one-off sample with that seed gives, bit for bit.
     from mlpinterp import GaussianMixture
-    from mlpinterp.experiments.polynomial_eval import EvalInputs
+    from mlpinterp.studies.polynomial.evaluate import EvalInputs
 
     rng = np.random.default_rng(4)
     mix = GaussianMixture(np.array([0.3, 0.7]), rng.normal(0, 1, (2, 5)), np.stack([np.eye(5), 0.5 * np.eye(5)]))

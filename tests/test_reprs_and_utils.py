@@ -89,8 +89,8 @@ def test_field_docs_read_the_docstring_under_each_field():
 
 
 def test_every_cli_config_field_is_documented():
-    from mlpinterp.experiments.polynomial_repro import PolynomialReproConfig
     from mlpinterp.models import ClassifierConfig
+    from mlpinterp.studies.polynomial.run import PolynomialReproConfig
 
     for cls in (ClassifierConfig, PolynomialReproConfig):
         missing = {f.name for f in dataclasses.fields(cls)} - set(field_docs(cls)) - {"extra"}

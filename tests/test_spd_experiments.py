@@ -11,8 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import target_config
-from mlpinterp.experiments.spd import (
+from mlpinterp.paramspace import resolve_sites
+from mlpinterp.studies.apd.run import target_config
+from mlpinterp.studies.spd.run import (
     PRESETS,
     QUICK,
     SETTINGS,
@@ -22,7 +23,6 @@ from mlpinterp.experiments.spd import (
     spd_target,
     target_fidelity,
 )
-from mlpinterp.paramspace import resolve_sites
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 from tests.cli_utils import flat
 
@@ -176,7 +176,7 @@ def test_identity_setting_reuses_the_base_target(tmp_path, tms52_target):
 def test_cli_importance_minimality_coeff_overrides_beta(tmp_path, monkeypatch):
     """``--importance-minimality-coeff`` reaches the configuration as an override (a custom run); bad values are
     refused before anything is written."""
-    import mlpinterp.experiments.spd as spd_exp
+    import mlpinterp.studies.spd.run as spd_exp
 
     seen = {}
     monkeypatch.setattr(spd_exp, "reproduce", lambda *a, **kw: seen.update(kw) or {})
@@ -196,7 +196,7 @@ def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target)
     """``--recipe current``: the reference's config values reach the run (delta component, no faithfulness loss,
     warm-up, fresh layerwise masks, its steps and cosine annealing), metrics.json and the report say so, a paper-recipe
     checkpoint is not resumed as a current one, and resid-MLP-2 (not implemented that way) is refused."""
-    from mlpinterp.experiments.spd import CURRENT
+    from mlpinterp.studies.spd.run import CURRENT
 
     cur = spd_config("tms-5-2", False, 0, "current")
     assert (cur.delta_component, cur.faithfulness_coeff, cur.faithfulness_warmup_steps, cur.layerwise_masks,
@@ -265,7 +265,7 @@ def test_resid_goal_on_hand_metrics():
     """The residual-MLP verdict: W_in one distinct monosemantic subcomponent per feature, W_out d_mlp ± 20 % used as
     one group (co-activity ≥ 0.25: the paper's Fig. 8 has 0.51), anti-scrubbed ≥ 3x scrubbed. Metrics shaped like
     our runs: the reference's bias-free target passes, the biased target's per-feature-ish W_out does not."""
-    from mlpinterp.experiments.spd import resid_goal
+    from mlpinterp.studies.spd.run import resid_goal
 
     def m(used, frac, w_in=100, anti=2e-3):
         return {"features_with_one_subcomponent": {"l.mlp_in": w_in}, "features_one_distinct": {"l.mlp_in": w_in},

@@ -10,9 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.experiments.apd import check_target, get_target, reproduce, target_config
-from mlpinterp.experiments.spd import reproduce as spd_reproduce
-from mlpinterp.experiments.spd import spd_target
+from mlpinterp.studies.apd.run import check_target, get_target, reproduce, target_config
+from mlpinterp.studies.spd.run import reproduce as spd_reproduce
+from mlpinterp.studies.spd.run import spd_target
 from mlpinterp.toys import (
     RESID_PRESETS,
     ResidMLPConfig,

@@ -38,7 +38,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     ) -> None:
         """Train the target if needed, decompose it with APD, write figures, metrics.json, report.md and the
         self-contained report.html."""
-        from mlpinterp.experiments.apd import reproduce
+        from mlpinterp.studies.apd.run import reproduce
 
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
                      fidelity=None if fidelity is None else fidelity.value)
@@ -63,7 +63,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         ``--fidelity``, by default the one `reproduce apd` uses for the setting). A target already at --out is reused
         when it was made with the same recipe (setting, seed, --quick, --fidelity) and refused otherwise."""
         from mlpinterp.cli.errors import expected_errors, fail
-        from mlpinterp.experiments.apd import check_target, get_target
+        from mlpinterp.studies.apd.run import check_target, get_target
         from mlpinterp.utils.artifact import tensors_path
 
         if out.is_dir():

@@ -10,9 +10,8 @@ import numpy as np
 import typer
 
 from mlpinterp.cli.errors import expected_errors, fail
-from mlpinterp.cli.options import THREADS_DEFAULT, Device, Quiet, Threads, _non_empty, flag, set_threads
-from mlpinterp.experiments.polynomial_config import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.models.config import ClassifierConfig
+from mlpinterp.studies.polynomial.settings import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.utils.config_docs import field_default, field_docs
 from mlpinterp.utils.validation import ABSENT, saved_value
 
@@ -332,8 +331,8 @@ def reproduce_polynomial(
     threads: Threads = THREADS_DEFAULT,
 ) -> None:
     """Train, convert every checkpoint into exact polynomial approximants, and write figures + report."""
-    from mlpinterp.experiments.polynomial_repro import run_polynomial_repro
     from mlpinterp.models import RunConflictError
+    from mlpinterp.studies.polynomial.run import run_polynomial_repro
 
     _check_out_dir(out)
     set_threads(threads)
@@ -359,7 +358,7 @@ def reproduce_polynomial(
 def _print_summary(res: dict, out: Path) -> None:
     from rich.table import Table
 
-    from mlpinterp.experiments.polynomial_report import _stat
+    from mlpinterp.studies.polynomial.report import _stat
 
     con = _console()
     n = res["seeds"]

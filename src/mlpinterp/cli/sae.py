@@ -142,14 +142,14 @@ def reproduce_mfr(
             metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
     from mlpinterp.utils.rundir import wall_time_statement
 
-    typer.echo(f"wrote {out / 'report.md'} ({wall_time_statement(metrics['seconds'], metrics.get('sessions'))})")
+        from mlpinterp.studies.mfr import run as exp_mod
 
 
-def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str | None,
-             window: int | None) -> dict:
-    """``reproduce mfr --setting eeg``; returns the metrics dict."""
-    from mlpinterp.data.eeg import EegConfig
-    from mlpinterp.experiments.mfr_eeg import EegExperiment, run_eeg
+    def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str,
+                 window: int) -> dict:
+        """``reproduce mfr --setting eeg``; returns the metrics dict."""
+        from mlpinterp.data.eeg import EegConfig
+        from mlpinterp.studies.mfr.eeg import EegExperiment, run_eeg
 
     if data is None:
         fail("--setting eeg needs --data DIR (a directory of EDF recordings)",

@@ -69,7 +69,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     ) -> None:
         """Train the target if needed, decompose it with SPD, write figures, metrics.json, report.md and
         report.html (the paper's numbers and our APD numbers beside ours)."""
-        from mlpinterp.experiments.spd import reproduce
+        from mlpinterp.studies.spd.run import reproduce
 
         result = run(reproduce, setting.value, seeds, out, quick, quiet, steps, lr, threads, device,
                      config={"compile": compile, **({} if importance_minimality_coeff is None else

@@ -55,7 +55,7 @@ def continue_flags(old: dict) -> str:
 
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
-    from mlpinterp.experiments.transformer_config import TransformerExperiment
+    from mlpinterp.studies.transformer.settings import INPUT_MODELS, TransformerExperiment
 
     default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 
@@ -95,9 +95,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from dataclasses import replace
 
         from mlpinterp.cli.errors import expected_errors
-        from mlpinterp.experiments.transformer import run_transformer
         from mlpinterp.lm.text import read_texts
         from mlpinterp.models import RunConflictError
+        from mlpinterp.studies.transformer.run import run_transformer
         from mlpinterp.utils.io import read_json
 
         set_threads(threads)

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.experiments.report import figure, fmt_value, md_table, verdict, write_report
-from mlpinterp.utils.figures import save_figure
-from mlpinterp.utils.rundir import wall_time_statement
+from mlpinterp.studies.report import figure, fmt_value, md_table, verdict, write_report
 
 _COLORS = {"gaussian": "C0", "mixture": "C1", "data": "C2", "hybrid": "C3"}
 _LABEL = {"gaussian": "Gaussian (exact)", "mixture": "Gaussian mixture", "data": "data projection (exact LS)",

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlpinterp.experiments.transformer_config import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
+from mlpinterp.studies.transformer.settings import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.utils.artifact import load_artifact, save_artifact
 from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.rundir import RunDir, open_run
@@ -257,7 +257,7 @@ def analyse_block(network, block: BlockCapture, exp: TransformerExperiment, *, q
 
 def _check_config(out: Path, exp: TransformerExperiment) -> dict:
     """Refuse ``out`` if it holds a run with another configuration (a ``config.json`` written before a field of
-    :data:`~mlpinterp.experiments.transformer_config.ADDED_FIELDS` existed compares as the behaviour of that time);
+    :data:`~mlpinterp.studies.transformer.settings.ADDED_FIELDS` existed compares as the behaviour of that time);
     returns this run's configuration as JSON (written to ``out/config.json`` by the caller once the run's inputs are
     validated, so a command that fails on a bad model or layer leaves nothing that blocks the corrected command)."""
     cfg_path = out / "config.json"
@@ -277,8 +277,9 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
                     texts: list[str] | None = None) -> dict:
     """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
     from mlpinterp.hf.blocks import ffn_paths, ffn_site
-    from mlpinterp.lm.models import load_model
-    from mlpinterp.lm.text import read_texts
+    from mlpinterp.lm.models import load_model, model_digest
+    from mlpinterp.lm.text import read_texts, texts_digest
+    from mlpinterp.studies.transformer.report import write_transformer_report
 
     out = Path(out)
     cfg = _check_config(out, exp) if out.is_dir() else json.loads(json.dumps(asdict(exp)))

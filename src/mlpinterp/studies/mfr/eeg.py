@@ -21,7 +21,10 @@ import numpy as np
 import torch
 
 from mlpinterp.data.eeg import EegConfig, load_eeg
-from mlpinterp.experiments.mfr import (
+from mlpinterp.sae.core_metrics import core_metrics
+from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
+from mlpinterp.sae.topk import SaeConfig
+from mlpinterp.studies.mfr.run import (
     PAPER,
     MfrRuns,
     _core_summary,
@@ -34,9 +37,6 @@ from mlpinterp.experiments.mfr import (
     conditions,
     open_mfr_run,
 )
-from mlpinterp.sae.core_metrics import core_metrics
-from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
-from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.rundir import RunDir

@@ -17,7 +17,7 @@ Every trained SAE also gets SAEBench's core metrics (:mod:`mlpinterp.sae.core_me
 sentence-embedding cosine, on causal LMs with the KL-divergence and CE-loss scores) under ``saebench_core``.
 
 Outputs in ``out``: ``metrics.json``, ``report.md`` and the self-contained ``report.html`` (every figure embedded,
-through the shared :mod:`mlpinterp.experiments.report`), PNG figures, and one directory of SAEs per run.
+through the shared :mod:`mlpinterp.studies.report`), PNG figures, and one directory of SAEs per run.
 """
 
 from __future__ import annotations
@@ -33,16 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlpinterp.experiments.report import figure, write_report
 from mlpinterp.sae.analysis import cross_truth_correlation, mmcs_to_truth, shared_false_cluster
 from mlpinterp.sae.core_metrics import CORE_KEYS, core_metrics
 from mlpinterp.sae.metrics import firing_counts, mmcs
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
-from mlpinterp.utils.figures import pyplot, save_figure
-from mlpinterp.utils.io import atomic_write_json
-from mlpinterp.utils.rundir import RunDir, open_run, wall_time_statement
+from mlpinterp.studies.report import figure, write_report
+from mlpinterp.utils.io import atomic_write_bytes, atomic_write_json
 
 PAPER = {
     "synthetic_correlation_baseline": 0.625,

@@ -3,7 +3,7 @@
 The report puts each claim of Rigg & Belrose (2025, arXiv 2502.01032) beside our measurement (mean ± sample
 standard deviation over seeds, with n; no spread for one seed) and a verdict with its one-line reason, drawn only
 from full runs (a ``--smoke`` run says "smoke run: not a reproduction"). Rendering goes through the shared
-:mod:`mlpinterp.experiments.report` (every figure embedded in ``report.html``).
+:mod:`mlpinterp.studies.report` (every figure embedded in ``report.html``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.polynomial_eval import APPROXIMANTS
-from mlpinterp.utils.rundir import wall_time_statement
+from mlpinterp.studies import report as rep
+from mlpinterp.studies.polynomial.evaluate import APPROXIMANTS
 
 ATTACKS = ("svd", "svd-raw", "random", "pca")
 """Ablation directions of the attack (see ``polynomial_eval.svd_attack``)."""

@@ -4,7 +4,7 @@ Settings: ``tms-5-2``, ``tms-40-10``, ``resid-mlp-1``, ``resid-mlp-2``, ``gated-
 hyperparameters (App. D) and a reduced ``quick`` preset for a CPU. Per seed ``s`` the run directory holds
 ``seed{s}/target.safetensors`` (+ JSON), ``seed{s}/apd/checkpoint.safetensors`` (resumable),
 ``seed{s}/components.safetensors``, figures ``seed{s}/*.png``; the top level holds ``metrics.json`` and
-``report.md`` + ``report.html`` (:mod:`mlpinterp.experiments.report`) with the paper's numbers beside ours.
+``report.md`` + ``report.html`` (:mod:`mlpinterp.studies.report`) with the paper's numbers beside ours.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from mlpinterp.apd import (
     select_mask,
     topk_mask,
 )
-from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms
-from mlpinterp.experiments.rundir import check_out_dir, recipe_overrides
 from mlpinterp.paramspace import Components, column_match, reference_rank, run_with_components
+from mlpinterp.studies import report as rep
+from mlpinterp.studies.paramspace.figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.studies.paramspace.rundir import check_out_dir, recipe_overrides
 from mlpinterp.toys import (
     RESID_PRESETS,
     TMS_PRESETS,

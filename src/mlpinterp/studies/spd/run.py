@@ -3,7 +3,7 @@ report beside the paper's numbers and our APD numbers.
 
 Settings: ``tms-5-2``, ``tms-40-10``, ``tms-5-2-id``, ``tms-40-10-id`` (an identity layer between down- and
 up-projection), ``resid-mlp-1``, ``resid-mlp-2``, ``resid-mlp-3``. The targets are APD's (same recipe and seeds,
-:func:`mlpinterp.experiments.apd.get_target`; TMS at APD's ``--fidelity ours`` recipe, constant lr 5e-3, which is the
+:func:`mlpinterp.studies.apd.run.get_target`; TMS at APD's ``--fidelity ours`` recipe, constant lr 5e-3, which is the
 SPD reference's), so the two methods decompose the same networks; TMS is decomposed in
 its ``nn.Linear`` form (:func:`mlpinterp.toys.as_linears`: ``linear1`` = W, ``linear2`` = Wᵀ as in the reference).
 Per seed ``s`` the run directory holds ``seed{s}/target.safetensors``, ``seed{s}/spd/checkpoint.safetensors``
@@ -23,10 +23,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpinterp.experiments import report as rep
-from mlpinterp.experiments.apd import check_target, get_target, paper_statistic, setting_spec
-from mlpinterp.experiments.paramspace_figures import plot_history, plot_scrubbing, plot_tms
-from mlpinterp.experiments.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.paramspace import column_match
 from mlpinterp.spd import (
     SPDConfig,
@@ -42,6 +38,10 @@ from mlpinterp.spd import (
 )
 from mlpinterp.spd.decomposition import Decomposition
 from mlpinterp.spd.metrics import ALIVE_THRESHOLD, ONE_HOT_VALUE, coactivity, dense_ci_error, identity_ci_error
+from mlpinterp.studies import report as rep
+from mlpinterp.studies.apd.run import check_target, get_target, paper_statistic, setting_spec
+from mlpinterp.studies.paramspace.figures import plot_history, plot_scrubbing, plot_tms, pyplot, save_fig
+from mlpinterp.studies.paramspace.rundir import check_out_dir, method_of, recipe_overrides
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.utils.artifact import load_artifact, save_artifact
 from mlpinterp.utils.figures import pyplot, save_figure
@@ -196,8 +196,8 @@ def target_fidelity(name: str) -> str:
     """The APD target recipe (``fidelity``) whose targets are the SPD reference's for setting ``name``: ``"ours"``
     for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
     linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
-    :data:`mlpinterp.experiments.apd.REFERENCE_TARGET`; on the biased targets of ``"ours"`` resid-MLP-1's ``W_out``
-    splits, docs/guides/spd.md). Raises ``ValueError`` for an unknown
+    :data:`mlpinterp.studies.apd.run.REFERENCE_TARGET`; until 2026-12-04 SPD decomposed the biased targets of
+    ``"ours"``, on which resid-MLP-1's ``W_out`` splits, docs/spd.md). Raises ``ValueError`` for an unknown
     setting (it would otherwise get ``"reference"``)."""
     if name not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
@@ -210,7 +210,7 @@ def spd_target(name: str, seed: int, path: Path, quick: bool, quiet: bool, fidel
     :func:`target_fidelity`), trained or loaded at ``path``, with the identity inserted for the ``-id`` settings;
     TMS as its ``nn.Linear`` form.
 
-    Raises ``ValueError`` as :func:`mlpinterp.experiments.apd.get_target`: when the target saved at ``path`` was made
+    Raises ``ValueError`` as :func:`mlpinterp.studies.apd.run.get_target`: when the target saved at ``path`` was made
     with another recipe than the base setting's at ``seed`` (another setting, seed, ``quick`` recipe or lr schedule;
     the "-id" settings share their base setting's target) or records none; for an unknown setting."""
     if name not in SETTINGS:  # None or a list: not an AttributeError from removesuffix
@@ -319,7 +319,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable
     device, an ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target
-    in ``out`` made with another recipe (:func:`mlpinterp.experiments.apd.check_target`).
+    in ``out`` made with another recipe (:func:`mlpinterp.studies.apd.run.check_target`).
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")

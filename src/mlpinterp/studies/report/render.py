@@ -16,7 +16,7 @@ The helpers make the honest presentation the easy one:
 
 Example::
 
-    from mlpinterp.experiments.report import figure, md_table, mean_std, verdict, write_report
+    from mlpinterp.studies.report import figure, md_table, mean_std, verdict, write_report
 
     v = verdict(acc < 0.5, f"{100 * acc:.1f}% at k = 4 (paper: < 50%)", run="full")
     text = "\\n".join([

@@ -1,0 +1,1 @@
+"""Shared by the parameter-space studies (APD, SPD): figures and run directories."""

@@ -1,0 +1,1 @@
+"""Rigg & Belrose (2025) on real images: ``mlpinterp reproduce polynomial``."""
