@@ -16,8 +16,9 @@ import time
 import torch
 
 from mlpinterp.apd import decompose, with_overrides
-from mlpinterp.studies.apd.run import PRESETS, setting_spec
+from mlpinterp.studies.apd.settings import PRESETS
 from mlpinterp.toys import RESID_PRESETS, TMS_PRESETS, build_gated_trig, build_resid_mlp, step_generator
+from mlpinterp.toys.settings import setting_spec
 from mlpinterp.toys.tms import TMS
 
 

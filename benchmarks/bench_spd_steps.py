@@ -36,11 +36,11 @@ import torch
 from mlpinterp.apd import decompose as apd_decompose
 from mlpinterp.apd import with_overrides as apd_overrides
 from mlpinterp.spd import decompose, importance
-from mlpinterp.studies.apd.run import PRESETS as APD_PRESETS
-from mlpinterp.studies.apd.run import QUICK as APD_QUICK
-from mlpinterp.studies.apd.run import setting_spec
-from mlpinterp.studies.spd.run import SETTINGS, spd_config
+from mlpinterp.studies.apd.settings import PRESETS as APD_PRESETS
+from mlpinterp.studies.apd.settings import QUICK as APD_QUICK
+from mlpinterp.studies.spd.settings import SETTINGS, spd_config
 from mlpinterp.toys import RESID_PRESETS, TMS, TMS_PRESETS, as_linears, build_resid_mlp, step_generator, with_identity
+from mlpinterp.toys.settings import setting_spec
 
 
 def _toy(name: str):

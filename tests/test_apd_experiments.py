@@ -9,8 +9,10 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.studies.apd.run import PRESETS, apd_config, reproduce, setting_spec, target_config
+from mlpinterp.studies.apd.run import reproduce
+from mlpinterp.studies.apd.settings import PRESETS, apd_config
 from mlpinterp.toys import RESID_PRESETS, TMSConfig, build_resid_mlp, save_toy, train_tms
+from mlpinterp.toys.settings import setting_spec, target_config
 
 torch.set_num_threads(1)
 # torch's first forward-mode AD call scripts its jvp decompositions with the deprecated torch.jit.script
@@ -28,7 +30,8 @@ def test_cli_tms_quick(tmp_path):
     assert metrics["config"]["steps"] == 40 and metrics["quick"]
     assert 0.0 <= metrics["summary"]["mmcs"][0] <= 1.0
     report = (tmp_path / "report.md").read_text()
-    assert "0.998 ± 0.000" in report and "0.893 ± 0.004" in report
+    # the paper's Table 1 as cited: a spread that rounds to 0.000 is written as such, never "± 0"
+    assert "0.998 (spread < 0.0005)" in report and "0.893 ± 0.004" in report and "± 0.000" not in report
     ps = metrics["paper_statistic"]  # one seed here: the paper's way is that seed, ± over the 5 features
     assert ps["n_features"] == 5 and ps["mmcs"] == pytest.approx(metrics["summary"]["mmcs"][0])
     assert "computed the paper's way" in report and metrics["failed_seeds"] in (0, 1)

@@ -12,17 +12,11 @@ from typer.testing import CliRunner
 from mlpinterp.apd import APDConfig, lr_at
 from mlpinterp.cli.main import app
 from mlpinterp.paramspace import Components, reference_init_std, reference_rank, resolve_sites
-from mlpinterp.studies.apd.run import (
-    DEFAULT_FIDELITY,
-    apd_config,
-    default_fidelity,
-    get_target,
-    reference_overrides,
-    reproduce,
-    target_config,
-)
+from mlpinterp.studies.apd.run import reproduce
+from mlpinterp.studies.apd.settings import apd_config, reference_overrides
 from mlpinterp.studies.spd.run import spd_target
 from mlpinterp.toys import TMS, TMSConfig, save_toy, train_tms
+from mlpinterp.toys.settings import DEFAULT_FIDELITY, default_fidelity, get_target, target_config
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

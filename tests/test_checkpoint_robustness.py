@@ -16,8 +16,8 @@ from mlpinterp.apd import decompose as apd_decompose
 from mlpinterp.cli.main import app
 from mlpinterp.spd import SPDConfig
 from mlpinterp.spd import decompose as spd_decompose
-from mlpinterp.studies.apd.run import target_config
 from mlpinterp.toys import TMS, as_linears, load_toy, save_toy, sparse_features, step_generator
+from mlpinterp.toys.settings import target_config
 from mlpinterp.utils.artifact import load_artifact, read_safetensors, save_artifact
 from mlpinterp.utils.checkpoint import TrainingDiverged, check_loss_finite, save_training_state
 

@@ -17,7 +17,8 @@ pytest.importorskip("tokenizers")
 from mlpinterp.cli.main import app  # noqa: E402
 from mlpinterp.lm.text import token_chunks  # noqa: E402
 from mlpinterp.lm.tokenizer import train_tokenizer  # noqa: E402
-from mlpinterp.studies.mfr.run import LmExperiment, run_minilm  # noqa: E402
+from mlpinterp.studies.mfr.run import run_minilm  # noqa: E402
+from mlpinterp.studies.mfr.settings import LmExperiment  # noqa: E402
 from tests import cli_utils  # noqa: E402
 
 runner = CliRunner()

@@ -11,7 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.studies.mfr.run import _fmt, _integer_k_axis, _verdicts
+from mlpinterp.studies.mfr.analysis import verdicts as _verdicts
+from mlpinterp.studies.mfr.figures import integer_k_axis as _integer_k_axis
+from mlpinterp.studies.mfr.report import fmt_entry as _fmt
 
 matplotlib.use("Agg")
 

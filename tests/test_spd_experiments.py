@@ -12,19 +12,11 @@ from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
 from mlpinterp.paramspace import resolve_sites
-from mlpinterp.studies.apd.run import target_config
-from mlpinterp.studies.spd.run import (
-    PRESETS,
-    QUICK,
-    SETTINGS,
-    render_report,
-    reproduce,
-    spd_config,
-    spd_target,
-    target_fidelity,
-)
+from mlpinterp.studies.spd.report import render_markdown as render_report
+from mlpinterp.studies.spd.run import reproduce, spd_target
+from mlpinterp.studies.spd.settings import PRESETS, QUICK, SETTINGS, spd_config, target_fidelity
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
-from tests.cli_utils import flat
+from mlpinterp.toys.settings import target_config
 
 torch.set_num_threads(1)
 
@@ -52,7 +44,9 @@ def test_cli_tms_quick_two_seeds_report_and_resume(tmp_path, tms52_target):
     ps = m["paper_statistic"]
     assert ps["of_seeds"] == 2 and ps["mmcs"] == max(m["mmcs"]) and ps["n_features"] == 5
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
-    assert "0.993 ± 0.002" in md and "0.9983 ± 0.0004" in md  # the SPD paper's and our APD numbers beside ours
+    # the SPD and APD papers' numbers beside ours; APD's measured ones only from an APD run (--apd-run), never constants
+    assert "0.993 ± 0.002" in md and "0.893 ± 0.004" in md and "--apd-run" in md and "0.9983" not in md
+    assert "Statistics: mean ± sample standard deviation (std, ddof = 1) over n = 2 seeds" in md
     assert "quick run: not a reproduction" in md and "(n = 2)" in md
     n_fig = md.count("![")
     assert n_fig == 6 and page.count('<img src="data:image/png;base64,') == n_fig
@@ -196,7 +190,7 @@ def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target)
     """``--recipe current``: the reference's config values reach the run (delta component, no faithfulness loss,
     warm-up, fresh layerwise masks, its steps and cosine annealing), metrics.json and the report say so, a paper-recipe
     checkpoint is not resumed as a current one, and resid-MLP-2 (not implemented that way) is refused."""
-    from mlpinterp.studies.spd.run import CURRENT
+    from mlpinterp.studies.spd.settings import CURRENT
 
     cur = spd_config("tms-5-2", False, 0, "current")
     assert (cur.delta_component, cur.faithfulness_coeff, cur.faithfulness_warmup_steps, cur.layerwise_masks,
@@ -265,7 +259,7 @@ def test_resid_goal_on_hand_metrics():
     """The residual-MLP verdict: W_in one distinct monosemantic subcomponent per feature, W_out d_mlp ± 20 % used as
     one group (co-activity ≥ 0.25: the paper's Fig. 8 has 0.51), anti-scrubbed ≥ 3x scrubbed. Metrics shaped like
     our runs: the reference's bias-free target passes, the biased target's per-feature-ish W_out does not."""
-    from mlpinterp.studies.spd.run import resid_goal
+    from mlpinterp.studies.spd.goals import resid_goal
 
     def m(used, frac, w_in=100, anti=2e-3):
         return {"features_with_one_subcomponent": {"l.mlp_in": w_in}, "features_one_distinct": {"l.mlp_in": w_in},

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.studies.apd.run import check_target, get_target, reproduce, target_config
+from mlpinterp.studies.apd.run import reproduce
 from mlpinterp.studies.spd.run import reproduce as spd_reproduce
 from mlpinterp.studies.spd.run import spd_target
 from mlpinterp.toys import (
@@ -23,6 +23,7 @@ from mlpinterp.toys import (
     train_resid_mlp,
     train_tms,
 )
+from mlpinterp.toys.settings import check_target, get_target, target_config
 from mlpinterp.utils.validation import ABSENT, config_diff, config_differences
 
 from .artifact_utils import rewrite

@@ -63,7 +63,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         ``--fidelity``, by default the one `reproduce apd` uses for the setting). A target already at --out is reused
         when it was made with the same recipe (setting, seed, --quick, --fidelity) and refused otherwise."""
         from mlpinterp.cli.errors import expected_errors, fail
-        from mlpinterp.studies.apd.run import check_target, get_target
+        from mlpinterp.toys.settings import check_target, get_target
         from mlpinterp.utils.artifact import tensors_path
 
         if out.is_dir():

@@ -15,61 +15,24 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from mlpinterp.data.eeg import EegConfig, load_eeg
+from mlpinterp.data.eeg import load_eeg
 from mlpinterp.sae.core_metrics import core_metrics
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.topk import SaeConfig
-from mlpinterp.studies.mfr.run import (
-    PAPER,
-    MfrRuns,
-    _core_summary,
-    _eval_saes,
-    _figures_minilm,
-    _report,
-    _run_kind,
-    _summarise,
-    _verdicts,
-    conditions,
-    open_mfr_run,
-)
+from mlpinterp.studies.mfr.analysis import core_summary, run_kind, summarise, verdicts
+from mlpinterp.studies.mfr.figures import figures_summary
+from mlpinterp.studies.mfr.report import write_mfr_report
+from mlpinterp.studies.mfr.run import eval_saes, guard_settings
+from mlpinterp.studies.mfr.settings import PAPER, EegExperiment, conditions
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.rundir import RunDir
-
-
-@dataclass(frozen=True)
-class EegExperiment(MfrRuns):
-    """Settings of ``reproduce mfr --setting eeg`` (defaults: the paper's k, latents, batch and learning rate)."""
-
-    k_values: tuple[int, ...] = (12, 24, 36, 48, 60)
-    """TopK k values (the paper's)."""
-    seeds: int = 1
-    """Seeds per (k, condition)."""
-    d_sae: int = 4096
-    """Latents (the paper's hidden size)."""
-    steps: int = 2000
-    """Optimisation steps (ours; the paper does not state them)."""
-    batch_size: int = 1024
-    """Vectors per step (the paper's)."""
-    lr: float = 1e-3
-    """Adam learning rate (the paper's)."""
-    rematch_every: int = 10
-    """Hungarian re-matching period (steps)."""
-    eval_vectors: int = 16384
-    """Held-out vectors for the metrics (at most; the first ones of the held-out recordings)."""
-    eeg: EegConfig = field(default_factory=EegConfig)
-    """Preprocessing and vectorisation (band-pass 0.5-45 Hz order 5 at 128 Hz, windows of 32 samples)."""
-
-    @classmethod
-    def quick(cls, **kw) -> EegExperiment:
-        """A pipeline check in minutes on a CPU: k = 6, 1 seed, 512 latents, 200 steps of 256 vectors."""
-        return cls(**{"k_values": (6,), "seeds": 1, "d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25,
-                      "eval_vectors": 4096, **kw})
 
 
 def run_eeg(out: str | os.PathLike, exp: EegExperiment, data_dir: str | os.PathLike, *, quiet: bool = False,
@@ -97,7 +60,8 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                          f"batch_size = {exp.batch_size}; add recordings or lower the batch size")
     if held.shape[0] < 2:
         raise ValueError(f"the held-out recordings give {held.shape[0]} vector(s); the metrics need at least 2")
-    out = rd.path
+    out = Path(out)
+    guard_settings(out, exp)
     n_vectors = data["train"].shape[0] + data["held_out"].shape[0]
     pipeline_s = data["seconds"]["read"] + data["seconds"]["preprocess"]
     results: list[dict] = []
@@ -123,7 +87,7 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                             checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
                             desc=f"eeg k={k} seed={seed} {cond}")
                 seconds = time.time() - t0
-                fvus, rates, l0s = _eval_saes(trainer, held)
+                fvus, rates, l0s = eval_saes(trainer, held)
                 res = {"k": k, "seed": seed, "condition": cond, "seconds": seconds, "fvu": fvus, "l0": l0s,
                        "dead_fraction": [float((r == 0).mean()) for r in rates],
                        "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
@@ -133,18 +97,17 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                        "saebench_core": [core_metrics(s.cpu().eval(), held) for s in trainer.saes]}
                 atomic_write_json(done, res)
                 results.append(res)
-    summary = _summarise(results, ["fvu", "l0", "dead_fraction"])
+    summary = summarise(results, ["fvu", "l0", "dead_fraction"])
     improvement: dict[str, dict[str, float]] = {}
     for cond in summary:
         for k in exp.k_values:
             b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
             if cond != "baseline" and b and m:
                 improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    rates = [r["train_vectors_per_second"] for r in results
-             if isinstance(r.get("train_vectors_per_second"), (int, float)) and np.isfinite(r["train_vectors_per_second"])]
-    metrics = {"setting": "eeg", "experiment": json.loads(json.dumps(asdict(exp))), "run_kind": _run_kind(exp),
+    rates = [r["train_vectors_per_second"] for r in results if np.isfinite(r.get("train_vectors_per_second", np.nan))]
+    metrics = {"setting": "eeg", "experiment": json.loads(json.dumps(asdict(exp))), "run_kind": run_kind(exp),
                "paper": PAPER, "runs": results, "summary": summary, "improvement_pct": improvement,
-               "verdicts": _verdicts(results, "fvu", _run_kind(exp)), "saebench_core": _core_summary(results),
+               "verdicts": verdicts(results, "fvu", run_kind(exp)), "saebench_core": core_summary(results),
                "data": {"dir": str(data_dir), "files": len(data["files"]), "held_out_files": data["held_out_files"],
                         "channels": data["channels"], "d_in": int(train.shape[1]), "train_vectors":
                         int(train.shape[0]), "held_out_vectors": int(held.shape[0]), "samples": data["samples"]},
@@ -154,8 +117,8 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                               "load_average": list(os.getloadavg())},
                "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
-    _figures_minilm(out, summary, None, "eeg_summary.png")
-    _report(out, metrics)
+    figures_summary(out, summary, None, "eeg_summary.png")
+    write_mfr_report(out, metrics)
     return metrics
 
 

@@ -1,7 +1,6 @@
 """Figures shared by the parameter-space reproductions (APD, SPD): loss curves, TMS columns, scrubbing histograms.
 
-Every figure is written atomically as a PNG (:func:`mlpinterp.utils.figures.save_figure`), so a report never
-embeds a half-written file.
+Every figure is written through the studies' one saver (:func:`mlpinterp.studies.report.figures.save_fig`).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.utils.figures import pyplot, save_figure
+from mlpinterp.studies.report.figures import pyplot, save_fig
 
 APD_LOSSES = ("faithfulness", "minimality", "simplicity", "act_recon", "lp_minimality", "lp_simplicity")
 """Loss terms of an APD history (:func:`mlpinterp.apd.apd_losses`)."""
@@ -32,7 +31,8 @@ def plot_history(history: list[dict], path: Path, title: str, keys=APD_LOSSES) -
 
 
 def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
-    """Columns of ``W`` and of each component (2-D arrows when ``d_hidden = 2``, heatmaps otherwise)."""
+    """Columns of ``W`` and of each component (2-D arrows when ``d_hidden = 2``, coloured by feature with a legend;
+    heatmaps of column norms otherwise)."""
     plt = pyplot()
     C = P.shape[0]
     if W.shape[0] == 2:
@@ -49,6 +49,13 @@ def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
             ax.set_title(t, fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
+            ax.set_xlabel("hidden dim 1", fontsize=7)
+        axes[0].set_ylabel("hidden dim 2", fontsize=7)
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=plt.cm.tab10(j % 10), lw=2, label=f"feature {j}") for j in range(W.shape[1])]
+        fig.legend(handles=handles, loc="lower center", ncol=min(W.shape[1], 10), fontsize=7, frameon=False,
+                   bbox_to_anchor=(0.5, -0.12), title="column of W (arrow colour)", title_fontsize=7)
     else:
         norms = np.linalg.norm(P, axis=1)  # [C, n_features]
         order = np.argsort(norms.argmax(axis=1) + 1e-3 * (-norms.max(axis=1)))
@@ -57,11 +64,13 @@ def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
         ax.set_xlabel("feature (column of W)")
         ax.set_ylabel("component (sorted)")
         ax.set_title("||P_c[:, j]||: column norms of every component")
-        fig.colorbar(im, ax=ax)
-    save_figure(fig, path)
+        fig.colorbar(im, ax=ax, label="column norm")
+    save_fig(fig, path)
 
 
 def plot_scrubbing(res, path: Path) -> None:
+    """Histograms of the per-sample MSE to the target output under top-k, scrubbed and anti-scrubbed masks (log
+    bins; dashed lines: means)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     allv = np.concatenate([res.topk, res.scrubbed, res.anti_scrubbed])

@@ -224,65 +224,33 @@ FIGURES = [
 
 
 def _spread_note(n: int) -> str:
-    return f"mean ± std over {n} seeds" if n > 1 else "one seed: no spread shown"
+    return f"mean ± std over {n} seeds" if n > 1 else "n = 1: no spread shown"
 
 
-def _markdown(res: dict) -> str:
-    c, ds, n = res["config"], res["dataset"], res["seeds"]
-    run = run_kind(c)
-    every = None not in res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"]
-    wall = res.get("wall_seconds")
-    lines = [
-        f"# Polynomial approximants of a one-hidden-layer {c['arch'].upper()} on {ds['name']}",
-        "",
-        "Reproduction of Rigg & Belrose (2025), *Converting MLPs into Polynomials in Closed Form* (arXiv 2502.01032), "
-        "with every approximant computed **exactly** (no SGD), several seeds, baselines for the attack, and FVU on the "
-        "real test set as well as under the Gaussian mixture.",
-        "",
-    ]
-    if run == "smoke":
-        lines += ["**Smoke run** (`--smoke`: a tiny width and few steps that check the pipeline end to end): "
-                  "the numbers below are not a reproduction and no claim gets a verdict.", ""]
-    if n == 1:
-        lines += ["**One seed**: no spread can be estimated, so none is shown (run `--seeds 3` or more for "
-                  "mean ± std).", ""]
-    lines += [
-        f"Setup: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test, d_in = {ds['d_in']}), width {c['d_hidden']}, "
-        f"{c['activation']}, schedule-free AdamW lr {c['lr']:g}, weight decay 0.1, batch 64, warm-up {c['warmup_steps']}, "
-        f"{c['steps']} steps, n = {n} seed{'s' if n > 1 else ''}; Monte Carlo under the mixture with "
-        f"{c['mc_samples']} samples; {wall_time_statement(wall, res.get('sessions'))}. Exact mixture quadratic fitted at "
-        + ("every checkpoint." if every
-           else "the final checkpoint only (matrix-free CG; `--quadratic-mixture-steps all` fits every checkpoint)."),
-        "",
-        "## Claims",
-        "",
-        md_table_claims(res["claims"], n),
-        "",
-        f"## Final checkpoint ({_spread_note(n)})",
-        "",
-    ]
+def context(res: dict) -> dict:
+    """What ``report.md.j2`` shows, assembled from the run's aggregated results ``res`` (:func:`summarise` plus
+    ``wall_seconds``): the claims table, the final-checkpoint table, the setup numbers and the figures."""
+    c, n = res["config"], res["seeds"]
     rows = []
     for name, d in res["final"].items():
         if name == "network":
             continue
         rows.append([name] + [_stat(d[m]).format(".4f", n=n) for m in
                               ("fvu_mixture", "fvu_test", "kl_test", "test_accuracy", "top1_agreement_test")])
-    rows.append(["network", rep.DASH, rep.DASH, rep.DASH, _stat(res["final"]["network"]["test_accuracy"]).format(".4f", n=n),
-                 rep.DASH])
-    lines += [rep.md_table(["approximant", "FVU (mixture)", "FVU (test)", "KL test (nats)", "test accuracy",
-                            "top-1 agreement"], rows, align=["l", "r", "r", "r", "r", "r"]), ""]
-    seeds_note = (f"we report mean ± sample standard deviation over n = {n} seeds" if n > 1
-                  else "this run has one seed too, so no spread is shown")
-    lines += ["Differences from the paper, plainly: the paper fits the mixture quadratic by SGD from the N(0, I) "
-              "solution because it calls the exact solve intractable; ours is the exact least-squares optimum. "
-              f"The paper reports one seed; {seeds_note}. FVU on real test images is not in the paper. "
-              f"Class covariances: {c.get('covariance', 'ledoit-wolf')} (Ledoit-Wolf shrinkage keeps nearly constant "
-              "pixels from receiving huge least-squares coefficients; `--covariance empirical` gives the unshrunk, "
-              "singular setting, solved on its support).", ""]
-    lines += ["## Figures", ""]
-    for fname, title in FIGURES:
-        lines += [f"### {title}", "", rep.figure(f"figures/{fname}", title), ""]
-    return "\n".join(lines)
+    rows.append(["network", rep.DASH, rep.DASH, rep.DASH,
+                 _stat(res["final"]["network"]["test_accuracy"]).format(".4f", n=n), rep.DASH])
+    final = rep.md_table(["approximant", "FVU (mixture)", "FVU (test)", "KL test (nats)", "test accuracy",
+                          "top-1 agreement"], rows, align=["l", "r", "r", "r", "r", "r"])
+    return {"c": c, "ds": res["dataset"], "n": n, "run": run_kind(c), "arch": c["arch"].upper(),
+            "every_checkpoint": None not in res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"],
+            "wall": rep.fmt_value(res.get("wall_seconds"), ".0f"), "covariance": c.get("covariance", "ledoit-wolf"),
+            "claims": md_table_claims(res["claims"], n), "final": final, "spread_note": _spread_note(n),
+            "figures": [{"path": f"figures/{f}", "title": t} for f, t in FIGURES]}
+
+
+def render_markdown(res: dict) -> str:
+    """``report.md`` of a run: :func:`context` filled into ``report.md.j2``."""
+    return rep.render_template(__package__, "report.md.j2", context(res))
 
 
 def md_table_claims(claims: list[dict], n: int) -> str:
@@ -300,4 +268,4 @@ def write_report(res: dict, out: Path) -> tuple[Path, Path]:
     out = Path(out)
     write_csv(res, out)
     title = f"{res['dataset']['name']}: polynomial approximants ({res['config']['arch']})"
-    return rep.write_report(out, _markdown(res), title)
+    return rep.write_report(out, render_markdown(res), title)

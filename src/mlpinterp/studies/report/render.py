@@ -1,18 +1,9 @@
-"""The one report module of every ``reproduce`` command: Markdown -> self-contained HTML, honest statistics.
+"""Markdown -> self-contained HTML for every study's report, and the Jinja2 templates the reports come from.
 
-Every ``reproduce`` command (polynomial, transformer, APD, SPD, MFR) builds its report as Markdown text and
-calls :func:`write_report`, which writes ``report.md`` (figures linked relative to the output directory, so it
-renders on GitHub or in an editor) and ``report.html`` (the same document rendered by ``markdown-it-py`` with
-tables, every figure embedded as base64 data: one file that opens anywhere).
-
-The helpers make the honest presentation the easy one:
-
-* :func:`summary` / :func:`mean_std` / :func:`mean_se`: ``"0.998 ± 0.001 (n = 3)"``, ``"0.998 (n = 1)"`` for
-  one value (never ``± 0``), ``"—"`` when nothing is defined;
-* :func:`md_table` / :func:`md_cell`: Markdown tables whose cells cannot break the table (``|`` and newlines
-  escaped);
-* :func:`verdict`: ``reproduced`` / ``not reproduced`` / ``worse than baseline`` / ``not measured``, each with a
-  one-line reason, and no verdict at all from a smoke or quick run (``"smoke run: not a reproduction"``).
+Every study keeps its report as a template beside its code (``report.md.j2``) and fills it with the numbers its run
+measured (:func:`render_template`); :func:`write_report` writes ``report.md`` (figures linked relative to the
+output directory, so it renders on GitHub or in an editor) and ``report.html`` (the same document rendered by
+``markdown-it-py`` with tables, every figure embedded as base64 data: one file that opens anywhere).
 
 Example::
 
@@ -34,34 +25,12 @@ import html
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from mlpinterp.studies.report import stats
+from mlpinterp.studies.report.stats import DASH
 from mlpinterp.utils.io import atomic_write_bytes
-
-DASH = "—"
-"""Shown for a statistic that is undefined (no value, or a spread of a single value)."""
-
-RUN_KINDS = ("full", "quick", "smoke", "custom")
-"""``full``: a configuration meant to reproduce; ``quick`` / ``smoke``: shortened runs that check the pipeline;
-``custom``: a paper preset with fields overridden (``--steps``, ``--lr``, ...), so not the paper's configuration."""
-
-
-def run_kind(quick: bool, overrides: dict | None = None) -> str:
-    """The :data:`RUN_KINDS` entry of a ``reproduce`` run: ``quick``, else ``custom`` with any preset field
-    overridden, else ``full``."""
-    return "quick" if quick else ("custom" if overrides else "full")
-
-
-def run_kind_note(kind: str, overrides: dict | None = None) -> str:
-    """Title suffix saying why a run is not a reproduction (empty for a ``full`` run), naming the overrides."""
-    what = ", ".join(f"{k} = {v}" for k, v in sorted((overrides or {}).items()))
-    if kind == "full":
-        return ""
-    if kind == "custom":
-        return f" (preset overridden: {what}; not a reproduction)"
-    return f" ({kind} preset{f', {what}' if what else ''}: not a reproduction)"
 
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -69,179 +38,16 @@ _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; max-width: 1150px; margin: 2em auto;
        padding: 0 1em; line-height: 1.45; color: #1b1b1b; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 14px; max-width: 100%; }
-th, td { border: 1px solid #c8c8c8; padding: 4px 8px; vertical-align: top; }
-th { background: #f2f2f2; text-align: left; font-size: 13px; overflow-wrap: anywhere; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 14px; display: block; max-width: 100%;
+        overflow-x: auto; }
+th, td { border: 1px solid #c8c8c8; padding: 4px 8px; vertical-align: top; word-break: normal;
+         overflow-wrap: normal; hyphens: none; }
+th { background: #f2f2f2; text-align: left; font-size: 13px; }
 code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; font-size: 90%; }
 pre code { display: block; padding: 0.6em; overflow-x: auto; }
 img { max-width: 100%; height: auto; }
 """
-
-
-# ----------------------------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Mean and spread of repeated measurements (seeds); ``std``/``se`` are ``None`` unless ``n >= 2``.
-
-    ``n`` counts the finite values only (``None`` and NaN entries, e.g. a metric not computed for one seed, are
-    left out); ``mean`` is ``None`` when ``n == 0``.
-    """
-
-    mean: float | None
-    """Arithmetic mean of the finite values."""
-    std: float | None
-    """Sample standard deviation (ddof = 1)."""
-    n: int
-    """Number of finite values."""
-
-    @property
-    def se(self) -> float | None:
-        """Standard error of the mean, ``std / sqrt(n)``."""
-        return None if self.std is None else self.std / math.sqrt(self.n)
-
-    def to_dict(self) -> dict:
-        """``{"mean", "std", "se", "n"}`` for JSON (``None`` where undefined, never a made-up 0)."""
-        return {"mean": self.mean, "std": self.std, "se": self.se, "n": self.n}
-
-    def format(self, fmt: str = ".4g", *, spread: str = "std", scale: float = 1.0, unit: str = "",
-               n: int | None = None) -> str:
-        """``"m ± s (n = N)"`` with ``format(value, fmt)``; ``"m (n = 1)"``; ``"—"`` when ``n == 0``.
-
-        ``spread``: ``"std"`` (sample standard deviation) or ``"se"`` (standard error, labelled ``s.e.``);
-        ``scale`` multiplies mean and spread (e.g. 100 for percentages, with ``unit="%"``). ``n``: the count a
-        table's header already states; when ``self.n`` equals it the ``(n = ...)`` suffix is left out
-        (``"m ± s"``, or ``"m"`` for one value), otherwise it is kept.
-        """
-        if spread not in ("std", "se"):
-            raise ValueError(f"spread must be 'std' or 'se', got {spread!r}")
-        if self.mean is None:
-            return DASH
-        m = f"{format(self.mean * scale, fmt)}{unit}"
-        s = self.std if spread == "std" else self.se
-        label = "s.e., " if spread == "se" else ""
-        suffix = "" if n == self.n and not label else f" ({label}n = {self.n})"
-        if s is None:
-            return m + ("" if n == self.n else f" (n = {self.n})")
-        return f"{m} ± {format(s * scale, fmt)}{unit}{suffix}"
-
-    def __str__(self) -> str:
-        return self.format()
-
-
-def _finite(values) -> list[float]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"values must be a sequence of numbers, got {type(values).__name__}")
-    try:
-        items = list(values)
-    except TypeError as e:
-        raise TypeError(f"values must be a sequence of numbers, got {type(values).__name__}") from e
-    out = []
-    for v in items:
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-            raise TypeError(f"values must hold numbers or None, got {type(v).__name__} {v!r}")
-        f = float(v)
-        if math.isfinite(f):
-            out.append(f)
-    return out
-
-
-def summary(values: Iterable) -> Summary:
-    """Mean and sample standard deviation of the finite entries of ``values`` (``None``/NaN/inf are left out).
-
-    Raises ``TypeError`` for a non-numeric entry.
-    """
-    x = _finite(values)
-    n = len(x)
-    if n == 0:
-        return Summary(None, None, 0)
-    mean = math.fsum(x) / n
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in x) / (n - 1)) if n >= 2 else None
-    return Summary(mean, std, n)
-
-
-def mean_std(values: Iterable, fmt: str = ".4g", *, scale: float = 1.0, unit: str = "") -> str:
-    """``"0.998 ± 0.001 (n = 3)"`` (sample std), ``"0.998 (n = 1)"``, or ``"—"``; see :meth:`Summary.format`."""
-    return summary(values).format(fmt, spread="std", scale=scale, unit=unit)
-
-
-def mean_se(values: Iterable, fmt: str = ".4g", *, scale: float = 1.0, unit: str = "") -> str:
-    """``"0.998 ± 0.001 (s.e., n = 3)"`` (standard error of the mean), ``"0.998 (n = 1)"``, or ``"—"``."""
-    return summary(values).format(fmt, spread="se", scale=scale, unit=unit)
-
-
-def fmt_value(v, fmt: str = ".4g", *, scale: float = 1.0, unit: str = "") -> str:
-    """One number formatted, or ``"—"`` for ``None``/NaN/inf (never ``nan`` in a report)."""
-    if v is None:
-        return DASH
-    f = float(v)
-    return f"{format(f * scale, fmt)}{unit}" if math.isfinite(f) else DASH
-
-
-# ------------------------------------------------------------------------------------------------- verdicts
-
-
-VERDICTS = ("reproduced", "not reproduced", "worse than baseline", "not measured")
-"""Verdicts of a full run; a smoke or quick run gets ``"<kind> run: not a reproduction"`` instead."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A claim's verdict and the one-line reason behind it; ``str()`` gives ``"status: reason"``."""
-
-    status: str
-    """One of :data:`VERDICTS`, or ``"smoke run: not a reproduction"`` / ``"quick run: not a reproduction"``."""
-    reason: str
-    """One line: the measured number against the paper's / the baseline's."""
-
-    @property
-    def is_verdict(self) -> bool:
-        """False for smoke/quick runs and unmeasured claims: nothing may be concluded from them."""
-        return self.status in ("reproduced", "not reproduced", "worse than baseline")
-
-    def __str__(self) -> str:
-        return f"{self.status}: {self.reason}" if self.reason else self.status
-
-
-def verdict(passed: bool | None, reason: str, *, run: str = "full", failed: str = "not reproduced") -> Verdict:
-    """The verdict of one claim, refusing to conclude anything from a smoke or quick run.
-
-    Parameters
-    ----------
-    passed
-        ``True`` if our measurement supports the claim, ``False`` if not, ``None`` if it was not measured.
-    reason
-        One line (no newline) saying why: our number beside the paper's or the baseline's. Required (non-empty)
-        unless ``passed`` is ``True``.
-    run
-        One of :data:`RUN_KINDS`; ``"smoke"``/``"quick"``/``"custom"`` give ``"<run> run: not a reproduction"``
-        whatever ``passed`` is, with no reason (nothing is concluded, so there is nothing to justify).
-    failed
-        Status when ``passed`` is ``False``: ``"not reproduced"`` or ``"worse than baseline"``.
-
-    Raises ``ValueError`` for an unknown ``run``/``failed``, a multi-line reason, or a missing reason.
-    """
-    if run not in RUN_KINDS:
-        raise ValueError(f"run must be one of {list(RUN_KINDS)}, got {run!r}")
-    if failed not in ("not reproduced", "worse than baseline"):
-        raise ValueError(f"failed must be 'not reproduced' or 'worse than baseline', got {failed!r}")
-    if passed is not None and not isinstance(passed, bool):
-        passed = bool(passed)  # numpy bools
-    if not isinstance(reason, str) or "\n" in reason:
-        raise ValueError(f"reason must be one line of text, got {reason!r}")
-    reason = reason.strip()
-    if run != "full":
-        return Verdict(f"{run} run: not a reproduction", "")
-    if passed is None:
-        if not reason:
-            raise ValueError("a 'not measured' verdict needs a reason (why it was not measured)")
-        return Verdict("not measured", reason)
-    if not passed and not reason:
-        raise ValueError(f"a {failed!r} verdict needs a one-line reason")
-    return Verdict("reproduced" if passed else failed, reason)
+"""Tables wrap only between words (never "blo ck") and scroll sideways when wider than the page."""
 
 
 # --------------------------------------------------------------------------------------------------- Markdown
@@ -356,3 +162,49 @@ def write_report(out_dir: str | os.PathLike, markdown_text: str, title: str, *,
     atomic_write_bytes(md_path, text.encode("utf-8"))
     atomic_write_bytes(html_path, page.encode("utf-8"))
     return md_path, html_path
+
+
+# -------------------------------------------------------------------------------------------------- templates
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_load_template), undefined=jinja2.StrictUndefined,
+                             autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(md_table=md_table, figure=figure, mean_std=stats.mean_std, mean_se=stats.mean_se,
+                       fmt=stats.fmt_value, convention=stats.convention, load_average=stats.fmt_load_average,
+                       paper_pm=stats.paper_pm)
+    env.filters.update(fmt=stats.fmt_value, cell=md_cell)
+    return env
+
+
+def _load_template(name: str) -> str:
+    """Text of ``"<package>:<file>"``, a template file installed with ``package`` (package data)."""
+    from importlib import resources
+
+    package, sep, file = name.partition(":")
+    if not sep or not package or not file:
+        raise ValueError(f"template name must be '<package>:<file>', got {name!r}")
+    try:
+        return resources.files(package).joinpath(file).read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError) as e:
+        raise FileNotFoundError(f"report template {file!r} of package {package!r} not found ({e}); a study's "
+                                "template is installed with it as package data (pyproject.toml)") from e
+
+
+def render_template(package: str, file: str, context: dict) -> str:
+    """The Markdown of the Jinja2 template ``file`` shipped with ``package`` (e.g. ``"mlpinterp.studies.apd"``,
+    ``"report.md.j2"``), filled with ``context``.
+
+    The template sees ``context`` and these helpers: :func:`md_table`, :func:`figure`, ``mean_std``, ``mean_se``,
+    ``fmt`` (also a filter), ``convention`` (the statistics sentence each report states), ``load_average`` and
+    ``paper_pm``; ``cell`` is :func:`md_cell` as a filter. An undefined name raises ``jinja2.UndefinedError`` (no
+    silent blank in a report); a missing template ``FileNotFoundError``.
+    """
+    if not isinstance(context, dict):
+        raise TypeError(f"context must be a dict, got {type(context).__name__}")
+    text = _environment().get_template(f"{package}:{file}").render(**context)
+    while "\n\n\n" in text:  # blank lines left by template blocks: one is enough in Markdown
+        text = text.replace("\n\n\n", "\n\n")
+    return text
