@@ -15,7 +15,7 @@ Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (tar
 
 
 class Fidelity(StrEnum):
-    """How closely to follow the APD reference implementation (``mlpinterp.studies.apd.run.FIDELITIES``)."""
+    """How closely to follow the APD reference implementation (``mlpinterp.toys.settings.FIDELITIES``)."""
 
     ours = "ours"
     reference = "reference"

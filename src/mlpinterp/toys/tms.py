@@ -138,7 +138,7 @@ def tms_ground_truth(model: TMS) -> tuple[torch.Tensor, torch.Tensor]:
 
 #: TMSConfig fields added after the first version, which saved targets with their configuration (dfc8473), with the
 #: behaviour before each: ``lr_schedule`` (e1f7c13), a constant learning rate. A saved target whose configuration lacks such a
-#: field is the target of that value (:func:`mlpinterp.studies.apd.run.check_target`). Add a field here when it is
+#: field is the target of that value (:func:`mlpinterp.toys.settings.check_target`). Add a field here when it is
 #: added to TMSConfig.
 ADDED_FIELDS = {"lr_schedule": "constant"}
 
