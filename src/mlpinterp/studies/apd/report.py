@@ -26,7 +26,7 @@ FIGURES = {"tms": (("losses.png", "losses"), ("components.png", "target columns 
 def figures(result: dict) -> list[dict]:
     """``{"path", "title"}`` of every per-seed figure of the run (paths relative to its directory)."""
     names = FIGURES[result["setting"].split("-")[0]]
-    return [{"path": f"seed{m['seed']}/{f}", "title": f"seed {m['seed']}: {t}"}
+    return [{"path": f"seed{m['seed']}/{f}", "title": f"Seed {m['seed']}: {t}"}
             for m in result["per_seed"] for f, t in names]
 
 

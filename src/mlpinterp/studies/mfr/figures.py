@@ -42,6 +42,8 @@ def figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) 
             ax.axhline(PAPER["synthetic_correlation_reinit"], ls=":", c=COLORS["reinit"], lw=1, label="paper reinit")
         integer_k_axis(ax, all_ks)
         ax.set_xlabel("k (= active features per sample)")
+        ax.set_ylabel(label)
+        ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "1e-7 + 0.19" offset
         ax.set_title(label)
         ax.legend(fontsize=8)
     save_fig(fig, out / "synthetic_summary.png", dpi=120)
@@ -67,7 +69,9 @@ def figures_summary(out: Path, summary: dict, downstream: str | None = "cosine_r
                         yerr=[np.nan_to_num(summary[cond][str(k)][key]["se"]) for k in ks],
                         marker="o", capsize=3, label=cond)
         integer_k_axis(ax, sorted({int(k) for cond in summary for k in summary[cond]}))
-        ax.set_xlabel("k")
+        ax.set_xlabel("k (TopK active latents)")
+        ax.set_ylabel(label)
+        ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no offset
         ax.set_title(label)
         ax.legend(fontsize=8)
     save_fig(fig, out / name, dpi=120)

@@ -36,26 +36,33 @@ def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
     plt = pyplot()
     C = P.shape[0]
     if W.shape[0] == 2:
-        fig, axes = plt.subplots(1, C + 2, figsize=(2.2 * (C + 2), 2.4))
+        n_panels = C + 2
+        ncols = min(n_panels, 7)  # wrapped rows: a panel stays readable with many components
+        nrows = -(-n_panels // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(2.2 * ncols, 2.5 * nrows + 0.4), squeeze=False)
         lim = 1.1 * np.abs(W).max()
-        for ax, M, t in zip(axes, [W, P.sum(0), *P], ["target W", "sum of components"] +
-                            [f"component {c}" for c in range(C)], strict=True):
+        flat = axes.ravel()
+        for ax, M, t in zip(flat, [W, P.sum(0), *P], ["target W", "sum of components"] +
+                            [f"component {c}" for c in range(C)], strict=False):
             for j in range(M.shape[1]):
                 ax.arrow(0, 0, M[0, j], M[1, j], head_width=0.05 * lim, length_includes_head=True,
                          color=plt.cm.tab10(j % 10))
             ax.set_xlim(-lim, lim)
             ax.set_ylim(-lim, lim)
             ax.set_aspect("equal")
-            ax.set_title(t, fontsize=8)
+            ax.set_title(t, fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_xlabel("hidden dim 1", fontsize=7)
-        axes[0].set_ylabel("hidden dim 2", fontsize=7)
+            ax.set_xlabel("hidden dim 1", fontsize=8)
+            ax.set_ylabel("hidden dim 2", fontsize=8)
+        for ax in flat[n_panels:]:
+            ax.axis("off")
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color=plt.cm.tab10(j % 10), lw=2, label=f"feature {j}") for j in range(W.shape[1])]
-        fig.legend(handles=handles, loc="lower center", ncol=min(W.shape[1], 10), fontsize=7, frameon=False,
-                   bbox_to_anchor=(0.5, -0.12), title="column of W (arrow colour)", title_fontsize=7)
+        fig.legend(handles=handles, loc="lower center", ncol=min(W.shape[1], 10), fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, -0.06 / nrows), title="column of W (arrow colour)", title_fontsize=8)
+        fig.tight_layout()
     else:
         norms = np.linalg.norm(P, axis=1)  # [C, n_features]
         order = np.argsort(norms.argmax(axis=1) + 1e-3 * (-norms.max(axis=1)))

@@ -13,6 +13,8 @@ from mlpinterp.studies.paramspace.figures import pyplot, save_fig
 def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str, np.ndarray]) -> None:
     """Causal importance of every alive subcomponent (columns, ordered by the feature they serve) on each one-hot
     input (rows), one panel per site (the SPD paper's causal-importance plots)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     fig, axes = plt.subplots(1, len(ci), figsize=(3.2 * len(ci) + 1, 3.2), squeeze=False)
     im = None
@@ -23,6 +25,8 @@ def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str
                        vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(f"{site} ({g.shape[1]} alive)", fontsize=9)
         ax.set_xlabel("subcomponent (alive, sorted)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("input feature (one-hot)")
     fig.colorbar(im, ax=axes[0].tolist(), label="causal importance")
     save_fig(fig, path)

@@ -106,7 +106,7 @@ def figures(result: dict) -> list[dict]:
     out = []
     for m in result["per_seed"]:
         for f, t in (("losses.png", "losses"), ("ci_per_feature.png", "causal importance per feature"), extra):
-            out.append({"path": f"seed{m['seed']}/{f}", "title": f"seed {m['seed']}: {t}"})
+            out.append({"path": f"seed{m['seed']}/{f}", "title": f"Seed {m['seed']}: {t}"})
     return out
 
 
