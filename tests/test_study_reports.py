@@ -260,3 +260,12 @@ def test_convention_and_cited_spreads():
     assert rep.paper_pm(0.998, 0.0004) == "0.998 (spread < 0.0005)"  # rounds to 0.000 at three decimals
     assert rep.paper_pm(1.01, 0.007) == "1.010 ± 0.007" and rep.paper_pm(0.5, None) == "0.500"
     assert rep.fmt_load_average(None) == rep.DASH and rep.fmt_load_average([1, 2.345, 3]) == "1.00 / 2.35 / 3.00"
+
+
+def test_numbers_stay_whole_in_html():
+    """A number in scientific notation or a "mean ± spread" is one nowrap span (no line break after "e-"), escaped
+    like any text; alt texts and other text are left as they are."""
+    page = rep.render_html("| a |\n|---|\n| 7.758e-08 ± 4.5e-09 and <b> 1e-5, 0.25 |\n", ".", "t")
+    assert '<td><span class="nw">7.758e-08 ± 4.5e-09</span> and &lt;b&gt; <span class="nw">1e-5</span>, 0.25</td>' \
+        in page
+    assert ".nw { white-space: nowrap; }" in page

@@ -24,6 +24,7 @@ import base64
 import html
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -46,8 +47,10 @@ th { background: #f2f2f2; text-align: left; font-size: 13px; }
 code { background: #f4f4f4; padding: 0 3px; border-radius: 3px; font-size: 90%; }
 pre code { display: block; padding: 0.6em; overflow-x: auto; }
 img { max-width: 100%; height: auto; }
+.nw { white-space: nowrap; }
 """
-"""Tables wrap only between words (never "blo ck") and scroll sideways when wider than the page."""
+"""Tables wrap only between words (never "blo ck") and scroll sideways when wider than the page; ``.nw`` keeps a
+number in scientific notation or a "mean ± spread" on one line (no break after the "e-" of "4.5e-09")."""
 
 
 # --------------------------------------------------------------------------------------------------- Markdown
@@ -123,6 +126,24 @@ def _embed(src: str, base_dir: Path) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+_NUMBER = r"[-−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?"
+_WHOLE = re.compile(rf"{_NUMBER}(?:\s*±\s*{_NUMBER})?")
+
+
+def _keep_numbers_whole(tok) -> None:
+    """Turn a text token holding numbers in scientific notation or ``mean ± spread`` into escaped HTML with each such
+    number in a ``<span class="nw">`` (CSS: no line break inside)."""
+    if tok.type != "text" or ("±" not in tok.content and "e-" not in tok.content and "e+" not in tok.content):
+        return
+    parts, last = [], 0
+    for m in _WHOLE.finditer(tok.content):
+        if "±" in m.group() or "e" in m.group():
+            parts += [html.escape(tok.content[last:m.start()]), f'<span class="nw">{html.escape(m.group())}</span>']
+            last = m.end()
+    if parts:
+        tok.type, tok.content = "html_inline", "".join(parts) + html.escape(tok.content[last:])
+
+
 def render_html(markdown_text: str, base_dir: str | os.PathLike, title: str) -> str:
     """The Markdown rendered as one self-contained HTML page, every image embedded as base64 data.
 
@@ -141,6 +162,10 @@ def render_html(markdown_text: str, base_dir: str | os.PathLike, title: str) -> 
             stack.extend(tok.children)
         if tok.type == "image":
             tok.attrSet("src", _embed(str(tok.attrGet("src") or ""), base_dir))
+    for block in tokens:
+        if block.type == "inline":
+            for tok in block.children or ():
+                _keep_numbers_whole(tok)
     body = md.renderer.render(tokens, md.options, {})
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

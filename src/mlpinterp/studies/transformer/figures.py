@@ -92,6 +92,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_xticks(degrees)
         ax.set_xlabel("degree")
         ax.set_ylabel("sentence-embedding cosine to clean" if kind == "embedding" else "next-token CE (nats)")
+        ax.ticklabel_format(axis="y", useOffset=False)  # plain values (cosines near 1), no offset
     for ax in axes.ravel()[len(layers):]:
         ax.axis("off")
     axes.ravel()[0].legend(fontsize=6)
