@@ -46,6 +46,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_xticks(x)
     axes[0][0].set_ylabel("FVU on held-out real tokens")
     axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
     save_fig(fig, figs / "fvu_vs_layer.png")
     made.append(("figures/fvu_vs_layer.png", "FVU on held-out real tokens per block, degree and input model"))
 
@@ -72,6 +73,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
     ax.set_xlabel("FVU under the input model (fit tokens for data / hybrid)")
     ax.set_ylabel("FVU on held-out real tokens")
     ax.legend(fontsize=7)
+    fig.tight_layout()
     save_fig(fig, figs / "model_vs_data.png")
     made.append(("figures/model_vs_data.png", "FVU under each input model vs on held-out real tokens"))
 
@@ -96,6 +98,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
     for ax in axes.ravel()[len(layers):]:
         ax.axis("off")
     axes.ravel()[0].legend(fontsize=6)
+    fig.tight_layout()
     save_fig(fig, figs / "splice.png")
     made.append(("figures/splice.png", "Splice-in: the model's own output with each approximant in place of the block"))
 
@@ -111,6 +114,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_ylabel("|eigenvalue| / max")
         ax.set_title("quadratic form along the top output direction")
         ax.legend(fontsize=7)
+        fig.tight_layout()
         save_fig(fig, figs / "features.png")
         made.append(("figures/features.png", "Eigenvalue spectra of the degree-2 term along each block's top output "
                                              "direction (recommended input model)"))
@@ -131,6 +135,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_xticks(x)
         ax.set_xlabel("FFN block")
         ax.set_ylabel(ylabel)
+    fig.tight_layout()
     save_fig(fig, figs / "diagnostics.png")
     made.append(("figures/diagnostics.png", "Gaussianity diagnostics of each block's real inputs"))
     return made
