@@ -226,13 +226,13 @@ def test_a_gzip_bomb_named_as_an_idx_file_is_stopped_while_streaming(tmp_path):
 def test_resuming_to_fewer_steps_refits_the_final_approximants(tmp_path, monkeypatch):
     """A run to 32 steps, then the same --out asked for 16: the approximants, the attack and the features are those
     of a fresh 16-step run (they were those of step 32 with the step-16 network)."""
-    import mlpinterp.experiments.polynomial_plots as plots
-    import mlpinterp.experiments.polynomial_report as report
-    import mlpinterp.experiments.polynomial_repro as repro
+    import mlpinterp.studies.polynomial.figures as plots
+    import mlpinterp.studies.polynomial.report as report
+    import mlpinterp.studies.polynomial.run as repro
     from mlpinterp.data import load_digits
     from mlpinterp.data.pooling import average_pool
-    from mlpinterp.experiments.polynomial_config import PolynomialReproConfig
     from mlpinterp.poly.approximant import load_polynomial
+    from mlpinterp.studies.polynomial.settings import PolynomialReproConfig
 
     small = average_pool(load_digits(), 4)
     monkeypatch.setattr(repro, "load_dataset", lambda name, path=None: small)

@@ -17,6 +17,7 @@ from mlpinterp.studies.spd.run import reproduce, spd_target
 from mlpinterp.studies.spd.settings import PRESETS, QUICK, SETTINGS, spd_config, target_fidelity
 from mlpinterp.toys import RESID_PRESETS, TMS, build_resid_mlp, save_toy
 from mlpinterp.toys.settings import target_config
+from tests.cli_utils import flat
 
 torch.set_num_threads(1)
 
@@ -239,7 +240,7 @@ def test_current_reference_recipe_presets_cli_and_report(tmp_path, tms52_target)
 def test_default_recipe_is_current_where_implemented(tmp_path, tms52_target):
     """Without --recipe, reproduce spd runs the current reference recipe (measured better across seeds), except on
     resid-MLP-2 where only the paper's is implemented; the help says so."""
-    from mlpinterp.experiments.spd import default_recipe
+    from mlpinterp.studies.spd.settings import default_recipe
 
     assert {s: default_recipe(s) for s in SETTINGS} == {**{s: "current" for s in SETTINGS}, "resid-mlp-2": "paper"}
     with pytest.raises(ValueError, match="setting must be one of"):

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlpinterp.experiments.spd import PRESETS, spd_config
 from mlpinterp.paramspace import resolve_sites
 from mlpinterp.spd import SPDConfig, stochastic_recon_loss
 from mlpinterp.spd.decomposition import Decomposition, resolve_reads
 from mlpinterp.spd.sigmoids import LOWER_SIGMOIDS, clamped_hard_sigmoid, leaky_hard_sigmoid
 from mlpinterp.spd.tying import SeparatelyTiedComponents
+from mlpinterp.studies.spd.settings import PRESETS, spd_config
 from mlpinterp.toys import as_linears, sparse_features, step_generator, with_identity
 
 torch.set_num_threads(1)

@@ -10,6 +10,7 @@ import numpy as np
 import typer
 
 from mlpinterp.cli.errors import expected_errors, fail
+from mlpinterp.cli.options import THREADS_DEFAULT, Device, Quiet, Threads, _non_empty, flag, set_threads
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.studies.polynomial.settings import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.utils.config_docs import field_default, field_docs

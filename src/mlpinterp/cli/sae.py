@@ -122,7 +122,7 @@ def reproduce_mfr(
                                                       "measure exceeds this.", show_default="1, the paper's"),
 ) -> None:
     """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
-    from mlpinterp.experiments import mfr as exp_mod
+    from mlpinterp.studies.mfr import run as exp_mod
 
     setting = MfrSetting(setting).value
     only_for(setting, {"--data": (data, ("eeg",)), "--channels": (channels, ("eeg",)),
@@ -142,31 +142,15 @@ def reproduce_mfr(
             metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
     from mlpinterp.utils.rundir import wall_time_statement
 
-        from mlpinterp.studies.mfr import run as exp_mod
-        from mlpinterp.studies.mfr import settings as mfr_settings
+    typer.echo(f"wrote {out / 'report.md'} ({wall_time_statement(metrics['seconds'], metrics.get('sessions'))})")
 
-        torch.set_num_threads(threads)
-        ks = _k_values(k, ctx.args)
-        kw = {"k_values": ks, "seeds": seeds, "n_saes": n_saes, "alpha": None if alpha < 0 else alpha,
-              "extra_alphas": tuple(a for a in extra_alpha if not a < 0),
-              **({"steps": steps} if steps else {}),
-              **({"inactivity_threshold": inactivity_threshold} if inactivity_threshold >= 0 else {})}
-        with expected_errors():
-            if (data is not None or channels or window) and setting != "eeg":
-                raise typer.BadParameter(f"--data, --channels and --window apply to --setting eeg, got --setting "
-                                         f"{setting!r}")
-            if setting == "eeg":
-                metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
-            else:
-                metrics = _run_mfr(exp_mod, mfr_settings, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
-        typer.echo(f"wrote {out / 'report.md'} ({metrics['seconds']:.0f} s)")
 
-    def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str,
-                 window: int) -> dict:
-        """``reproduce mfr --setting eeg``; returns the metrics dict."""
-        from mlpinterp.data.eeg import EegConfig
-        from mlpinterp.studies.mfr.eeg import run_eeg
-        from mlpinterp.studies.mfr.settings import EegExperiment
+def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: Path | None, channels: str | None,
+             window: int | None) -> dict:
+    """``reproduce mfr --setting eeg``; returns the metrics dict."""
+    from mlpinterp.data.eeg import EegConfig
+    from mlpinterp.studies.mfr.eeg import run_eeg
+    from mlpinterp.studies.mfr.settings import EegExperiment
 
     if data is None:
         fail("--setting eeg needs --data DIR (a directory of EDF recordings)",
@@ -176,26 +160,6 @@ def reproduce_mfr(
     exp = EegExperiment.quick(eeg=eeg, **kw) if quick else EegExperiment(eeg=eeg, **kw)
     return run_eeg(out, exp, data, quiet=quiet, device=device)
 
-    def _run_mfr(exp_mod, mfr_settings, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str,
-                 out: Path, model: str = "", text_dir: Path | None = None) -> dict:
-        """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
-        if model and setting != "lm":
-            raise typer.BadParameter(f"--model applies to --setting lm, got --setting {setting!r}")
-        if setting == "lm":
-            kw.update(model=model or "gpt2", **({"hook_point": hook_point} if hook_point else {}))
-            exp = mfr_settings.LmExperiment.quick(**kw) if quick else mfr_settings.LmExperiment(**kw)
-            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
-        if setting == "synthetic":
-            exp = mfr_settings.SyntheticExperiment.quick(**kw) if quick else mfr_settings.SyntheticExperiment(**kw)
-            return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
-        if setting in ("minilm", "gpt2"):
-            if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
-                kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
-            elif hook_point:
-                kw["hook_point"] = hook_point
-            exp = mfr_settings.MinilmExperiment.quick(**kw) if quick else mfr_settings.MinilmExperiment(**kw)
-            return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
-        raise typer.BadParameter(f"--setting must be 'synthetic', 'minilm', 'lm', 'gpt2' or 'eeg', got {setting!r}")
 
 def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str | None,
              out: Path, model: str | None = None, text_dir: Path | None = None) -> dict:

@@ -56,7 +56,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         recipe: Recipe | None = typer.Option(
             None, "--recipe", show_default=False,
             help="Default: current (paper for resid-mlp-2, where current is not implemented), the recipe that "
-                 "measured better across seeds (docs/spd.md). current: the "
+                 "measured better across seeds (docs/guides/spd.md). current: the "
                  "SPD reference implementation's recipe of Feb 2026 (goodfire-ai/spd): a delta component instead of "
                  "the faithfulness loss, a 200-step faithfulness warm-up, fresh layerwise masks, the lower hard "
                  "sigmoid clamped to [0, 1], tied factors as two optimiser parameters, its step counts (TMS 10k, "
@@ -98,8 +98,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         """Train the toy target `reproduce spd` decomposes (the SPD reference's recipe) and save it atomically; a
         target already at --out is reused when it was made with the same recipe and refused otherwise."""
         from mlpinterp.cli.errors import fail
-        from mlpinterp.experiments.apd import check_target
-        from mlpinterp.experiments.spd import spd_target, target_fidelity
+        from mlpinterp.studies.spd.run import spd_target
+        from mlpinterp.studies.spd.settings import target_fidelity
+        from mlpinterp.toys.settings import check_target
         from mlpinterp.utils.io import tensors_path
 
         if out.is_dir():

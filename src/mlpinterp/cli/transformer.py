@@ -12,10 +12,10 @@ from pathlib import Path
 import typer
 
 from mlpinterp.cli.options import THREADS_DEFAULT, Out, Quiet, Threads, flag, many, set_threads
-from mlpinterp.experiments.transformer_config import INPUT_MODELS
+from mlpinterp.studies.transformer.settings import INPUT_MODELS
 
 InputModel = StrEnum("InputModel", {m.replace("-", "_"): m for m in INPUT_MODELS})
-"""Input models of ``reproduce transformer`` (:data:`~mlpinterp.experiments.transformer_config.INPUT_MODELS`)."""
+"""Input models of ``reproduce transformer`` (:data:`~mlpinterp.studies.transformer.settings.INPUT_MODELS`)."""
 
 
 class Covariance(StrEnum):
@@ -55,7 +55,7 @@ def continue_flags(old: dict) -> str:
 
 def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
     """Attach ``reproduce transformer``."""
-    from mlpinterp.studies.transformer.settings import INPUT_MODELS, TransformerExperiment
+    from mlpinterp.studies.transformer.settings import TransformerExperiment
 
     default, quick_cfg = TransformerExperiment(), TransformerExperiment.quick()
 

@@ -136,8 +136,8 @@ def tms_ground_truth(model: TMS) -> tuple[torch.Tensor, torch.Tensor]:
     B = torch.eye(model.n_features, dtype=W.dtype).unsqueeze(1)  # [C, 1, n_features], e_c^T
     return A, B
 
-#: TMSConfig fields added after the first version, which saved targets with their configuration (dfc8473), with the
-#: behaviour before each: ``lr_schedule`` (e1f7c13), a constant learning rate. A saved target whose configuration lacks such a
+#: TMSConfig fields added after the first version that saved targets with their configuration, with the behaviour of
+#: a target without each: ``lr_schedule``, a constant learning rate. A saved target whose configuration lacks such a
 #: field is the target of that value (:func:`mlpinterp.toys.settings.check_target`). Add a field here when it is
 #: added to TMSConfig.
 ADDED_FIELDS = {"lr_schedule": "constant"}

@@ -10,8 +10,8 @@ import torch
 
 from mlpinterp.apd import APDConfig, attributions, topk_mask
 from mlpinterp.paramspace import Components, run_with_components
-from mlpinterp.studies.paramspace.figures import pyplot, save_fig
 from mlpinterp.toys import neuron_contributions
+from mlpinterp.utils.figures import pyplot, save_figure
 
 
 def plot_contributions(model, comps: Components, responsible: np.ndarray, path: Path, n_show: int = 10) -> None:
@@ -30,7 +30,7 @@ def plot_contributions(model, comps: Components, responsible: np.ndarray, path: 
         ax.set_title(f"neuron contributions: {t}", fontsize=9)
     axes[1].set_xlabel("neuron")
     fig.colorbar(im, ax=axes.tolist(), label="contribution to the feature's output")
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig) -> None:
@@ -56,5 +56,5 @@ def plot_gated(model, comps: Components, info: dict, path: Path, cfg: APDConfig)
         ax.set_xlabel("x_0 (the shared input)")
     axes[0].set_ylabel("output")
     axes[0].legend(fontsize=7)
-    save_fig(fig, path)
+    save_figure(fig, path)
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from mlpinterp.studies import report as rep
 from mlpinterp.studies.paramspace.statistics import FAILED_MMCS
+from mlpinterp.utils.rundir import wall_time_statement
 
 SUMMARY_KEYS = ("mmcs", "ml2r", "gt_param_mmcs", "topk_mse", "scrubbed_mse", "anti_scrubbed_mse",
                 "per_feature_mse_top1_mean", "dead_components", "topk_output_mse", "seconds")
@@ -41,6 +42,7 @@ def context(result: dict) -> dict:
     ctx = {"setting": result["setting"], "title_note": rep.run_kind_note(kind, result.get("overrides")),
            "fidelity": result.get("fidelity", "ours"), "n": n, "device": result.get("device", "cpu"),
            "threads": result["threads"], "load": result.get("load_average"),
+           "wall_time": wall_time_statement(result.get("wall_seconds"), result.get("sessions")),
            "summary": rep.md_table(["metric", "ours (mean ± std over seeds)", "paper (one run; ± over features)"],
                                    rows),
            "per_seed": rep.md_table(["seed", *keys], [[m["seed"], *(rep.fmt_value(m[k], ".4g") for k in keys)]

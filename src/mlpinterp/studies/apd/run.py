@@ -40,6 +40,7 @@ from mlpinterp.toys import gated_trig_ground_truth, step_generator
 from mlpinterp.toys.settings import check_target, get_target, resolve_fidelity, setting_spec, target_config
 from mlpinterp.utils.artifact import save_artifact
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RunDir, open_run
 from mlpinterp.utils.validation import check_device, check_int
 
 

@@ -16,7 +16,6 @@ import json
 import os
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.studies.mfr.analysis import core_summary, run_kind, summarise, verdicts
 from mlpinterp.studies.mfr.figures import figures_summary
 from mlpinterp.studies.mfr.report import write_mfr_report
-from mlpinterp.studies.mfr.run import eval_saes, guard_settings
+from mlpinterp.studies.mfr.run import eval_saes, open_mfr_run
 from mlpinterp.studies.mfr.settings import PAPER, EegExperiment, conditions
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json
@@ -60,8 +59,7 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                          f"batch_size = {exp.batch_size}; add recordings or lower the batch size")
     if held.shape[0] < 2:
         raise ValueError(f"the held-out recordings give {held.shape[0]} vector(s); the metrics need at least 2")
-    out = Path(out)
-    guard_settings(out, exp)
+    out = rd.path
     n_vectors = data["train"].shape[0] + data["held_out"].shape[0]
     pipeline_s = data["seconds"]["read"] + data["seconds"]["preprocess"]
     results: list[dict] = []
@@ -104,7 +102,8 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
             b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
             if cond != "baseline" and b and m:
                 improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
-    rates = [r["train_vectors_per_second"] for r in results if np.isfinite(r.get("train_vectors_per_second", np.nan))]
+    rates = [r["train_vectors_per_second"] for r in results
+             if isinstance(r.get("train_vectors_per_second"), (int, float)) and np.isfinite(r["train_vectors_per_second"])]
     metrics = {"setting": "eeg", "experiment": json.loads(json.dumps(asdict(exp))), "run_kind": run_kind(exp),
                "paper": PAPER, "runs": results, "summary": summary, "improvement_pct": improvement,
                "verdicts": verdicts(results, "fvu", run_kind(exp)), "saebench_core": core_summary(results),

@@ -8,7 +8,7 @@ import numpy as np
 
 from mlpinterp.studies.mfr.analysis import summarise
 from mlpinterp.studies.mfr.settings import PAPER, SyntheticExperiment
-from mlpinterp.studies.report.figures import pyplot, save_fig
+from mlpinterp.utils.figures import pyplot, save_figure
 
 COLORS = {"baseline": "C0", "reinit": "C3", "mfr": "C1", "mfr_alpha0.1": "C2"}
 
@@ -46,7 +46,7 @@ def figures_synthetic(out: Path, exp: SyntheticExperiment, results: list[dict]) 
         ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no "1e-7 + 0.19" offset
         ax.set_title(label)
         ax.legend(fontsize=8)
-    save_fig(fig, out / "synthetic_summary.png", dpi=120)
+    save_figure(fig, out / "synthetic_summary.png", dpi=120)
 
 
 
@@ -74,5 +74,5 @@ def figures_summary(out: Path, summary: dict, downstream: str | None = "cosine_r
         ax.ticklabel_format(axis="y", useOffset=False)  # plain values, no offset
         ax.set_title(label)
         ax.legend(fontsize=8)
-    save_fig(fig, out / name, dpi=120)
+    save_figure(fig, out / name, dpi=120)
 

@@ -12,6 +12,14 @@ from mlpinterp.sae.core_metrics import CORE_KEYS
 from mlpinterp.studies import report as rep
 from mlpinterp.studies.mfr.figures import summary_png
 from mlpinterp.studies.mfr.settings import PAPER
+from mlpinterp.utils.rundir import wall_time_statement
+
+#: What each inactivity measure (:data:`mlpinterp.sae.mfr.INACTIVITY_MEASURES`) scores, for the report.
+INACTIVITY_FORMULAS = {
+    "mean_relative_deviation": "mean_j |r_j / (k / d_sae) - 1| (the paper's example measure: 0 = uniform use, 1 = all "
+                               "dead, 2 f for a fraction f of dead latents with the rest uniform)",
+    "cubed_relative_deviation": "mean_j |r_j / (k / d_sae) - 1|^3 (0 = uniform use, 1 = all dead)",
+}
 
 _EXTRA_CORE = ("embedding_preservation.embedding_cossim_score", "model_behavior_preservation.kl_div_score",
                "model_performance_preservation.ce_loss_score")
@@ -107,16 +115,20 @@ def context(metrics: dict) -> dict:
     """What ``report.md.j2`` shows, from the ``metrics.json`` content of a ``reproduce mfr`` run."""
     runs = metrics["runs"]
     kind = metrics.get("run_kind", "full")
-    maxes = [r["max_inactivity"] for r in runs if "max_inactivity" in r and np.isfinite(r["max_inactivity"])]
+    maxes = [r["max_inactivity"] for r in runs if isinstance(r.get("max_inactivity"), (int, float))
+             and np.isfinite(r["max_inactivity"])]
+    measure = metrics["experiment"].get("inactivity_measure", "cubed_relative_deviation")
     verdicts = rep.md_table(["k", "condition", "verdict", "why"],
                             [[v["k"], v["condition"], v["verdict"], v["reason"]] for v in metrics.get("verdicts", [])])
     return {"setting": metrics["setting"], "kind": kind, "n": len({r["seed"] for r in runs}), "paper": PAPER,
             "synthetic": _synthetic(metrics) if metrics["setting"] == "synthetic" else None,
             "real": None if metrics["setting"] == "synthetic" else _real(metrics), "verdicts": verdicts,
             "threshold": metrics["experiment"].get("inactivity_threshold", rep.DASH),
-            "reinits": sum(int(r.get("n_reinits", 0)) for r in runs),
+            "reinits": sum(int(r.get("n_reinits", 0)) for r in runs), "n_runs": len(runs),
+            "reinits_per_run": ", ".join(map(str, sorted({int(r.get("n_reinits", 0)) for r in runs}))) or rep.DASH,
+            "measure": measure, "measure_formula": INACTIVITY_FORMULAS.get(measure, measure),
             "max_inactivity": f"{max(maxes):.3g}" if maxes else None, "core": _core(metrics),
-            "seconds": rep.fmt_value(metrics.get("seconds"), ".0f")}
+            "wall_time": wall_time_statement(metrics.get("seconds"), metrics.get("sessions"))}
 
 
 def render_markdown(metrics: dict) -> str:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -49,10 +51,11 @@ from mlpinterp.studies.mfr.settings import (
     conditions,
 )
 from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RunDir, open_run
 
 
 def eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.ndarray, list[float]]:
-    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x``."""
+    """FVU per SAE, firing rates ``[N, d_sae]`` and L0 per SAE on held-out ``x`` (at the weights that are saved)."""
     fvus, rates, l0s = [], [], []
     with torch.no_grad(), trainer.averaged() as saes:
         for sae in saes:
@@ -68,8 +71,12 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
                   quiet: bool = False, device: str = "cpu") -> dict:
     """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
     conds = conditions(tuple(CONDITIONS), exp.alpha, exp.extra_alphas)  # validates before anything is written
-    out = Path(out)
-    guard_settings(out, exp)
+    with open_mfr_run(out, exp) as rd:
+        return _run_synthetic(rd, exp, conds, quiet, device)
+
+
+def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: bool, device: str) -> dict:
+    out = rd.path
     results: list[dict] = []
     for k in exp.k_values:
         for seed in range(exp.seeds):
@@ -122,15 +129,25 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
     summary = summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
     metrics = {"setting": "synthetic", "experiment": asdict(exp), "run_kind": run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "verdicts": verdicts(results, "mmcs_truth", run_kind(exp)),
-               "saebench_core": core_summary(results), "seconds": time.time() - t_start}
+               "saebench_core": core_summary(results), "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
     figures_synthetic(out, exp, results)
     write_mfr_report(out, metrics)
     return metrics
 
 
+@contextmanager
+def open_mfr_run(out: str | os.PathLike, exp) -> Iterator[RunDir]:
+    """Open ``out`` for ``reproduce mfr`` with ``exp`` (:func:`mlpinterp.utils.rundir.open_run`): every field,
+    the k values and seeds included, must match a run already there (a report of another set of runs would
+    silently cover a subset); the wall time is summed over the sessions."""
+    config = {"experiment": type(exp).__name__, **asdict(exp)}
+    with open_run(out, "reproduce mfr", config, check=lambda path: guard_settings(path, exp)) as rd:
+        yield rd
+
+
 def guard_settings(out: Path, exp) -> None:
-    """Refuse to mix runs of different settings in one output directory (k values and seeds may grow)."""
+    """Refuse a directory whose ``experiment.json`` (written before ``run.json`` existed) holds other settings."""
     want = {k: v for k, v in asdict(exp).items() if k not in ("k_values", "seeds")}
     want = json.loads(json.dumps(want))  # tuples -> lists, as stored
     path = out / "experiment.json"
@@ -144,15 +161,24 @@ def guard_settings(out: Path, exp) -> None:
         atomic_write_json(path, want)
 
 
-
 def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(), *, quiet: bool = False,
                device: str = "cpu", text_dir: str | os.PathLike | None = None) -> dict:
     """Baseline vs MFR SAEs on all-MiniLM-L6-v2 activations; resumes finished runs."""
-
     conds = conditions(("baseline", "mfr"), exp.alpha, exp.extra_alphas)  # validates before anything is written
-    out = Path(out)
-    guard_settings(out, exp)
-    t_start = time.time()
+    with open_mfr_run(out, exp) as rd:
+        return _run_minilm(rd, exp, conds, quiet, device, text_dir)
+
+
+def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, device: str,
+                text_dir: str | os.PathLike | None) -> dict:
+    from mlpinterp.lm.hooks import hook_activations
+    from mlpinterp.lm.models import canonical_model_name, load_model
+    from mlpinterp.lm.recovery import is_causal_lm
+    from mlpinterp.lm.text import read_texts, split_files, token_chunks
+    from mlpinterp.sae.activations import ActivationConfig, ActivationSource
+    from mlpinterp.sae.evaluate import evaluate_sae
+
+    out = rd.path
     model, tok = load_model(exp.model)
     is_lm = is_causal_lm(model)
     if isinstance(exp, LmExperiment) and not is_lm:
@@ -226,7 +252,7 @@ def run_minilm(out: str | os.PathLike, exp: MinilmExperiment = MinilmExperiment(
                "experiment": asdict(exp), "run_kind": run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "improvement_pct": improvement,
                "verdicts": verdicts(results, "fvu", run_kind(exp)), "saebench_core": core_summary(results),
-               "seconds": time.time() - t_start}
+               "seconds": rd.wall_seconds, "sessions": rd.sessions}
     atomic_write_json(out / "metrics.json", metrics)
     figures_summary(out, summary, "loss_recovered" if is_lm else "cosine_recovered", summary_png(is_lm))
     write_mfr_report(out, metrics)

@@ -57,6 +57,18 @@ class MfrRuns:
     extra_alphas: tuple[float, ...] = (0.1,)
     """Fixed penalty weights run as extra conditions ``mfr_alpha{a}``."""
 
+    optimizer: str = "adam"
+    """SAE optimiser (:class:`~mlpinterp.sae.mfr.MfrConfig` ``optimizer``); Adam, as the paper."""
+
+    auxk_alpha: float = 0.0
+    """Weight of the AuxK loss; 0, as the paper's SAEs (AuxK revives the dead latents re-initialisation acts on)."""
+
+    inactivity_measure: str = "mean_relative_deviation"
+    """Inactivity measure (:data:`mlpinterp.sae.mfr.INACTIVITY_MEASURES`): the paper's example by default."""
+
+    inactivity_threshold: float = 1.0
+    """Re-initialise an SAE whose measure exceeds this (the paper's threshold for its measure)."""
+
 
 @dataclass(frozen=True)
 class SyntheticExperiment(MfrRuns):
@@ -77,10 +89,6 @@ class SyntheticExperiment(MfrRuns):
     tied: bool = True
     """Tied decoder (the paper's setting)."""
 
-    inactivity_threshold: float = 0.5
-    """Re-initialise above this cubed relative deviation (about 35 % dead latents with the rest uniform;
-    healthy SAEs on this data measure 0.10-0.27 in their first window, 0.03-0.09 later)."""
-
     reinit_until_frac: float = 0.5
     """No re-initialisation in the second half of training."""
 
@@ -89,8 +97,8 @@ class SyntheticExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> SyntheticExperiment:
-        """Small budget (about 15 s per run on a free CPU core): 500 steps of 512 samples."""
-        return cls(**{"steps": 500, "batch_size": 512, "eval_samples": 4096, **kw})
+        """A pipeline check within minutes on a CPU: k = 6, 2 seeds, 400 steps of 512 samples."""
+        return cls(**{"k_values": (6,), "seeds": 2, "steps": 400, "batch_size": 512, "eval_samples": 4096, **kw})
 
 
 @dataclass(frozen=True)
@@ -127,17 +135,11 @@ class MinilmExperiment(MfrRuns):
     rematch_every: int = 10
     """Hungarian re-matching period (steps)."""
 
-    inactivity_threshold: float = 50.0
-    """Re-initialise above this cubed relative deviation. Real activations fire far less uniformly than the
-    synthetic data: healthy SAEs measured 2-22 on MiniLM layer 3 (k 6-12, 300 steps), so 50 only catches
-    outliers (the synthetic default 0.5 is likewise far above healthy values: 0.03-0.09 after the first
-    window)."""
-
     @classmethod
     def quick(cls, **kw) -> MinilmExperiment:
-        """A few minutes on a CPU core."""
-        return cls(**{"d_sae": 1536, "steps": 300, "batch_size": 1024, "ctx_len": 64, "train_chunks": 1000,
-                      "eval_chunks": 32, "rematch_every": 25, **kw})
+        """A pipeline check within minutes on a CPU: k = 6, 1 seed, 200 steps of 1024 activations."""
+        return cls(**{"k_values": (6,), "seeds": 1, "d_sae": 1536, "steps": 200, "batch_size": 1024, "ctx_len": 64,
+                      "train_chunks": 600, "eval_chunks": 32, "rematch_every": 25, **kw})
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,6 @@ class EegExperiment(MfrRuns):
     """Adam learning rate (the paper's)."""
     rematch_every: int = 10
     """Hungarian re-matching period (steps)."""
-    inactivity_threshold: float = 50.0
-    """Re-initialise above this cubed relative deviation (as on MiniLM: real signals fire far from uniformly)."""
     eval_vectors: int = 16384
     """Held-out vectors for the metrics (at most; the first ones of the held-out recordings)."""
     eeg: EegConfig = field(default_factory=EegConfig)
@@ -180,6 +180,6 @@ class EegExperiment(MfrRuns):
 
     @classmethod
     def quick(cls, **kw) -> EegExperiment:
-        """A pipeline check in minutes on a CPU: 512 latents, 200 steps of 256 vectors."""
-        return cls(**{"d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25, "eval_vectors": 4096,
-                      **kw})
+        """A pipeline check in minutes on a CPU: k = 6, 1 seed, 512 latents, 200 steps of 256 vectors."""
+        return cls(**{"k_values": (6,), "seeds": 1, "d_sae": 512, "steps": 200, "batch_size": 256, "rematch_every": 25,
+                      "eval_vectors": 4096, **kw})

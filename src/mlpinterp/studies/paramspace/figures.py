@@ -1,6 +1,7 @@
 """Figures shared by the parameter-space reproductions (APD, SPD): loss curves, TMS columns, scrubbing histograms.
 
-Every figure is written through the studies' one saver (:func:`mlpinterp.studies.report.figures.save_fig`).
+Every figure is written atomically through the one saver (:func:`mlpinterp.utils.figures.save_figure`), so a report
+never embeds a half-written file.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.studies.report.figures import pyplot, save_fig
+from mlpinterp.utils.figures import pyplot, save_figure
 
 APD_LOSSES = ("faithfulness", "minimality", "simplicity", "act_recon", "lp_minimality", "lp_simplicity")
 """Loss terms of an APD history (:func:`mlpinterp.apd.apd_losses`)."""
@@ -72,7 +73,7 @@ def plot_tms(W: np.ndarray, P: np.ndarray, path: Path) -> None:
         ax.set_ylabel("component (sorted)")
         ax.set_title("||P_c[:, j]||: column norms of every component")
         fig.colorbar(im, ax=ax, label="column norm")
-    save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def plot_scrubbing(res, path: Path) -> None:

@@ -9,8 +9,7 @@ import numpy as np
 from mlpinterp.poly.spectral import ablate
 from mlpinterp.utils.figures import pyplot, save_figure
 
-from mlpinterp.poly.spectral import ablate  # noqa: E402
-from mlpinterp.studies.report.figures import save_fig  # noqa: E402
+plt = pyplot()
 
 STYLE = {
     "linear_mixture": dict(color="tab:blue", ls="-", label="linear (mixture, exact)"),
@@ -52,7 +51,7 @@ def _curve_figure(res, metric_pairs, ylabel, path, *, logy=True):
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"{res['dataset']['name']}: {_spread_title(res)}")
     fig.tight_layout()
-    save_fig(fig, path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def _features_figure(per_seed, data, path):
@@ -90,7 +89,7 @@ def _features_figure(per_seed, data, path):
         cb.ax.locator_params(nbins=3)
     fig.suptitle("Linear coefficients and top quadratic eigenvectors (mixture approximants, seed 0);\n"
                  "red positive, blue negative; one colour scale per column", fontsize=10)
-    save_fig(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def _attack_figure(res, path):
@@ -117,7 +116,7 @@ def _attack_figure(res, path):
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"Network and approximant accuracy as k input directions are projected out: {_spread_title(res)}",
                  fontsize=10)
-    save_fig(fig, path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10), n_images: int = 6):
@@ -148,7 +147,7 @@ def _attack_grid(per_seed, data, path, ks=(0, 2, 4, 6, 8, 10), n_images: int = 6
                 ax.set_ylabel(f"true {y[i]}", fontsize=10)
     fig.suptitle("Test images with the top-k SVD directions of Cov(f, x) projected out (seed 0);\n"
                  "row: true label; under each image: the network's prediction (green correct, red wrong)", fontsize=9)
-    save_fig(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def make_figures(res: dict, per_seed: list[dict], data, out_dir: str | Path) -> list[Path]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from mlpinterp.studies import report as rep
 from mlpinterp.studies.polynomial.evaluate import APPROXIMANTS
+from mlpinterp.utils.rundir import wall_time_statement
 
 ATTACKS = ("svd", "svd-raw", "random", "pca")
 """Ablation directions of the attack (see ``polynomial_eval.svd_attack``)."""
@@ -243,7 +244,7 @@ def context(res: dict) -> dict:
                           "top-1 agreement"], rows, align=["l", "r", "r", "r", "r", "r"])
     return {"c": c, "ds": res["dataset"], "n": n, "run": run_kind(c), "arch": c["arch"].upper(),
             "every_checkpoint": None not in res["curves"]["quadratic_mixture"]["fvu_mixture"]["mean"],
-            "wall": rep.fmt_value(res.get("wall_seconds"), ".0f"), "covariance": c.get("covariance", "ledoit-wolf"),
+            "wall": wall_time_statement(res.get("wall_seconds"), res.get("sessions")), "covariance": c.get("covariance", "ledoit-wolf"),
             "claims": md_table_claims(res["claims"], n), "final": final, "spread_note": _spread_note(n),
             "figures": [{"path": f"figures/{f}", "title": t} for f, t in FIGURES]}
 

@@ -66,8 +66,20 @@ def _check_resume(out: Path, r: dict) -> None:
         raise RunConflictError(out, "config.json", diff)
 
 
-def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False) -> dict:
-    """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict."""
+def run_polynomial_repro(cfg: PolynomialReproConfig, out: str | Path, *, quiet: bool = False,
+                         threads: int | None = 1) -> dict:
+    """Run (or resume) the whole reproduction into ``out``; returns the aggregated results dict.
+
+    ``out`` is opened with :func:`mlpinterp.utils.rundir.open_run` (locked; a configuration differing in a field
+    other than :data:`RESUMABLE_CHANGES` is refused; the final approximants are keyed by the step they were fitted
+    at, so a run resumed to fewer steps refits them)."""
+    r = cfg.resolved()
+    with open_run(out, "reproduce polynomial", r, resumable=RESUMABLE_CHANGES, implicit=ADDED_FIELDS,
+                  check=lambda path: _check_resume(path, r)) as rd:
+        return _run(cfg, r, rd, quiet, threads)
+
+
+def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool, threads: int | None) -> dict:
     from mlpinterp.studies.polynomial.figures import make_figures
     from mlpinterp.studies.polynomial.report import summarise, write_report
 

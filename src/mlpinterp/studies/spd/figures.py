@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlpinterp.studies.paramspace.figures import pyplot, save_fig
+from mlpinterp.utils.figures import pyplot, save_figure
 
 
 def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str, np.ndarray]) -> None:
@@ -29,5 +29,5 @@ def plot_ci_per_feature(ci: dict[str, torch.Tensor], path: Path, alive: dict[str
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("input feature (one-hot)")
     fig.colorbar(im, ax=axes[0].tolist(), label="causal importance")
-    save_fig(fig, path)
+    save_figure(fig, path)
 

@@ -12,6 +12,7 @@ from mlpinterp.studies.paramspace.statistics import FAILED_MMCS, paper_statistic
 from mlpinterp.studies.spd.goals import COACTIVE, DMLP_BAND, resid_goal
 from mlpinterp.studies.spd.settings import APD_PAPER, PAPER
 from mlpinterp.toys.settings import setting_spec
+from mlpinterp.utils.rundir import wall_time_statement
 
 
 def _way(ps: dict | None) -> str:
@@ -122,6 +123,9 @@ def context(result: dict) -> dict:
             "target_fidelity": result.get("target_fidelity", "ours"),
             "reference_resid": result.get("target_fidelity") == "reference" and not tms,
             "tied": "; ".join(f"{b} = {a}ᵀ" for a, b in cfg.get("tied", ())), "failed_bar": FAILED_MMCS,
+            "tied_separate": cfg.get("tied_updates") == "separate",
+            "lower_sigmoid": cfg.get("lower_sigmoid", "leaky"),
+            "wall_time": wall_time_statement(result.get("wall_seconds"), result.get("sessions")),
             "tms": _tms(result, kind) if tms else None, "resid": None if tms else _resid(result, kind),
             "figures": figures(result), "config": json.dumps(cfg, indent=1)}
 

@@ -43,11 +43,12 @@ from mlpinterp.studies.paramspace.statistics import FAILED_MMCS, paper_statistic
 from mlpinterp.studies.spd.compare import check_same_target, compare_apd, read_apd_run
 from mlpinterp.studies.spd.figures import plot_ci_per_feature
 from mlpinterp.studies.spd.report import write_spd_report
-from mlpinterp.studies.spd.settings import SETTINGS, spd_config, target_fidelity
+from mlpinterp.studies.spd.settings import SETTINGS, default_recipe, spd_config, target_fidelity
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.toys.settings import check_target, get_target, setting_spec
 from mlpinterp.utils.artifact import save_artifact
-from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.io import atomic_write_json, read_json
+from mlpinterp.utils.rundir import RunDir, open_run
 from mlpinterp.utils.validation import check_device, check_int
 
 _LOSSES = ("faithfulness", "stochastic_recon", "layerwise_recon", "importance_minimality")
@@ -144,8 +145,10 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
 
     ``apd_run``: the output directory of ``reproduce apd`` on the same TMS setting (without the "-id"); its per-seed
     MMCS / ML2R, failed seeds and the paper's statistic go beside ours (:func:`compare_apd`), seed by seed.
-    ``recipe``: :data:`RECIPES`. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
-    :func:`target_fidelity`; ``"ours"``: the residual MLPs with biases).
+    ``recipe``: :data:`~mlpinterp.studies.spd.settings.RECIPES` (``None``:
+    :func:`~mlpinterp.studies.spd.settings.default_recipe`). A directory whose ``metrics.json`` records another recipe
+    is refused, naming both. ``fidelity``: the targets' recipe (``None``: the SPD reference's,
+    :func:`target_fidelity`; ``"ours"``: our residual-MLP targets, with biases).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``n_eval < 1``, bad overrides, an unavailable
     device, an ``apd_run`` of another setting or with other targets, or (before any training) a seed's saved target

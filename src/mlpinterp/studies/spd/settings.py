@@ -16,14 +16,13 @@ PAPER = {"tms-5-2": {"mmcs": (1.000, 0.000), "ml2r": (0.993, 0.002)},
          "tms-5-2-id": {"mmcs": (1.000, 0.000), "ml2r": (0.992, 0.010)},
          "tms-40-10-id": {"mmcs": (1.000, 0.000), "ml2r": (1.031, 0.001)}}
 
-#: Our APD numbers on the same targets (docs/apd.md, measured on this project's CPU), and the APD paper's.
 #: APD paper, Table 1 (Braun et al. 2025; one run each, ± over the target's features): cited beside SPD's numbers.
 APD_PAPER = {"tms-5-2": {"mmcs": (0.998, 0.000), "ml2r": (0.893, 0.004)},
              "tms-40-10": {"mmcs": (0.996, 0.003), "ml2r": (0.935, 0.001)}}
 
 # TMS as the SPD reference decomposes it: linear2's subcomponents are linear1's transposed (tied), each site with its
 # own causal importances, and the reference's initialisation of the paper's time (each subcomponent the target's
-# projection on random unit directions); both measured in docs/spd.md
+# projection on random unit directions); both measured in docs/guides/spd.md
 _TMS = dict(C=20, d_gate=16, steps=40_000, batch_size=4096, lr=1e-3, lr_schedule="cosine",
             importance_minimality_coeff=3e-3, pnorm=1.0, log_every=500, checkpoint_every=2000, compile=True,
             tied=(("linear1", "linear2"),), init="paper-era")
@@ -64,11 +63,12 @@ RECIPES = ("paper", "current")
 (goodfire-ai/spd at 3f0bb61e, Feb 2026, its ``tms_*_config.yaml`` and ``resid_mlp{1,3}_config.yaml``)."""
 
 #: What the current reference recipe changes in every preset: a delta component instead of the faithfulness loss,
-#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, and the
-#: "scaled" initialisation.
+#: a 200-step faithfulness warm-up (AdamW, lr 0.01, weight decay 0.1), fresh masks for the layerwise loss, the
+#: "scaled" initialisation, the lower hard sigmoid clamped to [0, 1] with an upward-only gradient leak
+#: (spd/models/sigmoids.py) and tied TMS factors as two optimiser parameters over one storage (run_spd.py).
 _CURRENT_ALL = dict(delta_component=True, faithfulness_coeff=0.0, faithfulness_warmup_steps=200,
                     faithfulness_warmup_lr=0.01, faithfulness_warmup_weight_decay=0.1, layerwise_masks="fresh",
-                    init="scaled")
+                    init="scaled", lower_sigmoid="clamped", tied_updates="separate")
 #: ... and per setting (its step counts; its "cosine" is a half-period cosine annealing).
 _CURRENT_TMS = dict(_CURRENT_ALL, steps=10_000, lr_schedule="cosine-annealing")
 CURRENT: dict[str, dict] = {
@@ -82,6 +82,14 @@ CURRENT: dict[str, dict] = {
 _NO_CURRENT = {"resid-mlp-2": "the reference's current resid-MLP-2 recipe uses a causal-importance MLP shared by all "
                               "subcomponents and PGD reconstruction losses, which mlpinterp does not implement"}
 
+
+def default_recipe(setting: str) -> str:
+    """The recipe ``reproduce spd`` runs without ``--recipe``: ``"current"`` wherever it is implemented, ``"paper"``
+    for resid-MLP-2 (the current recipe is not): the current recipe measured better across seeds wherever both ran
+    (docs/guides/spd.md, docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting."""
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    return "paper" if setting in _NO_CURRENT else "current"
 
 
 def spd_config(name: str, quick: bool, seed: int, recipe: str = "paper", **overrides) -> SPDConfig:
@@ -110,7 +118,7 @@ def target_fidelity(name: str) -> str:
     for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
     linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
     :data:`mlpinterp.toys.settings.REFERENCE_TARGET`; on the biased targets of ``"ours"`` resid-MLP-1's ``W_out``
-    splits, docs/spd.md). Raises ``ValueError`` for an unknown setting (it would otherwise get
+    splits, docs/guides/spd.md). Raises ``ValueError`` for an unknown setting (it would otherwise get
     ``"reference"``)."""
     if name not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.studies.report.figures import pyplot, save_fig
 from mlpinterp.studies.transformer.values import COLORS, GAUSS_TAIL, LABEL, get, splice_value
+from mlpinterp.utils.figures import pyplot, save_figure
 
 
 def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
@@ -47,7 +47,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
     axes[0][0].set_ylabel("FVU on held-out real tokens")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    save_fig(fig, figs / "fvu_vs_layer.png")
+    save_figure(fig, figs / "fvu_vs_layer.png")
     made.append(("figures/fvu_vs_layer.png", "FVU on held-out real tokens per block, degree and input model"))
 
     fig, ax = plt.subplots(figsize=(5, 4.4))
@@ -74,7 +74,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
     ax.set_ylabel("FVU on held-out real tokens")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save_fig(fig, figs / "model_vs_data.png")
+    save_figure(fig, figs / "model_vs_data.png")
     made.append(("figures/model_vs_data.png", "FVU under each input model vs on held-out real tokens"))
 
     kind = layers[0]["splice"]["kind"] if layers else "embedding"
@@ -99,7 +99,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.axis("off")
     axes.ravel()[0].legend(fontsize=6)
     fig.tight_layout()
-    save_fig(fig, figs / "splice.png")
+    save_figure(fig, figs / "splice.png")
     made.append(("figures/splice.png", "Splice-in: the model's own output with each approximant in place of the block"))
 
     spectra = [(lay["layer"], out / "layers" / f"{lay['layer']}_features.npz") for lay in layers
@@ -115,7 +115,7 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_title("quadratic form along the top output direction")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        save_fig(fig, figs / "features.png")
+        save_figure(fig, figs / "features.png")
         made.append(("figures/features.png", "Eigenvalue spectra of the degree-2 term along each block's top output "
                                              "direction (recommended input model)"))
 
@@ -136,6 +136,6 @@ def make_figures(out: Path, results: dict) -> list[tuple[str, str]]:
         ax.set_xlabel("FFN block")
         ax.set_ylabel(ylabel)
     fig.tight_layout()
-    save_fig(fig, figs / "diagnostics.png")
+    save_figure(fig, figs / "diagnostics.png")
     made.append(("figures/diagnostics.png", "Gaussianity diagnostics of each block's real inputs"))
     return made

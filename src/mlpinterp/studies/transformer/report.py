@@ -9,6 +9,7 @@ from mlpinterp.studies import report as rep
 from mlpinterp.studies.report import fmt_value, md_table, verdict
 from mlpinterp.studies.transformer.figures import make_figures
 from mlpinterp.studies.transformer.values import GAUSS_TAIL, LABEL, get, splice_value
+from mlpinterp.utils.rundir import wall_time_statement
 
 
 def _fvu(v: dict | None) -> str:
@@ -109,6 +110,17 @@ def _timing(layers: list[dict]) -> str:
     return md_table(["block", "Gaussian fit", "Gaussian FVUs", "data", "mixture", "hybrid", "whole block"], rows)
 
 
+def _hybrid_steps(layers: list[dict], degrees: list[int]) -> str | None:
+    """The hybrid fine-tuning's best validated step and last step per block and degree (``None``: no hybrid run)."""
+    hyb = [(lay["layer"], n, lay["hybrid_steps"][str(n)]) for lay in layers for n in degrees
+           if str(n) in lay.get("hybrid_steps", {}) and lay["hybrid_steps"][str(n)]["best_step"] is not None]
+    if not hyb:
+        return None
+    rows = [[layer, n, h["best_step"], fmt_value(h["best_fvu_val"], ".3g"), h["last_step"],
+             fmt_value(h["last_fvu_val"], ".3g")] for layer, n, h in hyb]
+    return md_table(["block", "degree", "best step", "FVU (best)", "last step", "FVU (last)"], rows)
+
+
 def context(results: dict, figs: list[tuple[str, str]]) -> dict:
     """What ``report.md.j2`` shows, from ``results.json`` and the figures made (``(path, caption)`` pairs)."""
     cfg, layers, cap = results["config"], results["layers"], results["capture"]
@@ -117,7 +129,8 @@ def context(results: dict, figs: list[tuple[str, str]]) -> dict:
             "fit_tokens": f"{cap['n_fit_tokens']:,}", "heldout_tokens": f"{cap['n_heldout_tokens']:,}",
             "n_heldout": cap["n_heldout_tokens"], "tokens_per_s": f"{cap['tokens_per_s']:,.0f}",
             "degrees": cfg["degrees"], "models": ", ".join(LABEL[m] for m in cfg["input_models"]),
-            "seconds": fmt_value(results["seconds"], ".0f"), "goals": _goals(results, cfg["run"], kind),
+            "wall_time": wall_time_statement(results["seconds"], results.get("sessions")),
+            "hybrid_steps": _hybrid_steps(layers, cfg["degrees"]), "goals": _goals(results, cfg["run"], kind),
             "blocks": [_block(lay, results, kind) for lay in layers], "lm": kind == "lm",
             "diagnostics": _diagnostics(layers), "gauss_tail": GAUSS_TAIL, "timing": _timing(layers),
             "fig": {Path(path).stem: rep.figure(path, alt) for path, alt in figs}}

@@ -277,9 +277,8 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
                     texts: list[str] | None = None) -> dict:
     """Run the experiment into ``out`` (resumable); returns the ``results.json`` content."""
     from mlpinterp.hf.blocks import ffn_paths, ffn_site
-    from mlpinterp.lm.models import load_model, model_digest
-    from mlpinterp.lm.text import read_texts, texts_digest
-    from mlpinterp.studies.transformer.report import write_transformer_report
+    from mlpinterp.lm.models import load_model
+    from mlpinterp.lm.text import read_texts
 
     out = Path(out)
     cfg = _check_config(out, exp) if out.is_dir() else json.loads(json.dumps(asdict(exp)))
@@ -304,9 +303,9 @@ def run_transformer(out, exp: TransformerExperiment = TransformerExperiment(), *
 def _run_open(rd: RunDir, exp: TransformerExperiment, cfg: dict, model, tok, paths: list, idx: list, saes: dict,
               sites: dict, texts: list[str], quiet: bool) -> dict:
     """:func:`run_transformer` once ``out`` is open."""
-    from mlpinterp.experiments.transformer_report import write_transformer_report
     from mlpinterp.lm.models import model_digest
     from mlpinterp.lm.text import texts_digest
+    from mlpinterp.studies.transformer.report import write_transformer_report
 
     out = rd.path
     if not (out / "config.json").exists():
