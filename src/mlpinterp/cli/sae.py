@@ -123,6 +123,7 @@ def reproduce_mfr(
 ) -> None:
     """Reproduce Marks et al. 2024 (MFR): figures, metrics.json, report.md and report.html in OUT."""
     from mlpinterp.studies.mfr import run as exp_mod
+    from mlpinterp.studies.mfr import settings as mfr_settings
 
     setting = MfrSetting(setting).value
     only_for(setting, {"--data": (data, ("eeg",)), "--channels": (channels, ("eeg",)),
@@ -139,7 +140,7 @@ def reproduce_mfr(
         if setting == "eeg":
             metrics = _run_eeg(kw, quick, quiet, device, out, data, channels, window)
         else:
-            metrics = _run_mfr(exp_mod, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
+            metrics = _run_mfr(exp_mod, mfr_settings, setting, kw, quick, quiet, device, hook_point, out, model, text_dir)
     from mlpinterp.utils.rundir import wall_time_statement
 
     typer.echo(f"wrote {out / 'report.md'} ({wall_time_statement(metrics['seconds'], metrics.get('sessions'))})")
@@ -161,21 +162,21 @@ def _run_eeg(kw: dict, quick: bool, quiet: bool, device: str, out: Path, data: P
     return run_eeg(out, exp, data, quiet=quiet, device=device)
 
 
-def _run_mfr(exp_mod, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str | None,
+def _run_mfr(exp_mod, mfr_settings, setting: str, kw: dict, quick: bool, quiet: bool, device: str, hook_point: str | None,
              out: Path, model: str | None = None, text_dir: Path | None = None) -> dict:
     """Dispatch ``reproduce mfr --setting``; returns the metrics dict."""
     if setting == "lm":
         kw.update(model=model or "gpt2", **({"hook_point": hook_point} if hook_point else {}))
-        exp = exp_mod.LmExperiment.quick(**kw) if quick else exp_mod.LmExperiment(**kw)
+        exp = mfr_settings.LmExperiment.quick(**kw) if quick else mfr_settings.LmExperiment(**kw)
         return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
     if setting == "synthetic":
-        exp = exp_mod.SyntheticExperiment.quick(**kw) if quick else exp_mod.SyntheticExperiment(**kw)
+        exp = mfr_settings.SyntheticExperiment.quick(**kw) if quick else mfr_settings.SyntheticExperiment(**kw)
         return exp_mod.run_synthetic(out, exp, quiet=quiet, device=device)
     if setting == "gpt2":  # needs GPT-2 weights on disk (no download)
         kw.update(model="gpt2", hook_point=hook_point or "transformer.h.5")
     elif hook_point:
         kw["hook_point"] = hook_point
-    exp = exp_mod.MinilmExperiment.quick(**kw) if quick else exp_mod.MinilmExperiment(**kw)
+    exp = mfr_settings.MinilmExperiment.quick(**kw) if quick else mfr_settings.MinilmExperiment(**kw)
     return exp_mod.run_minilm(out, exp, quiet=quiet, device=device, text_dir=text_dir)
 
 
