@@ -347,6 +347,18 @@ def test_mnist_wrong_files_in_directory_raise(tmp_path):
         load_mnist(d)
 
 
+def test_mnist_uncompressed_file_of_other_dimensions_is_named_by_its_header(tmp_path):
+    import gzip
+
+    d = _mnist_copy(tmp_path)
+    # the train labels, uncompressed, under the test labels' plain name: refused from the header, before the size
+    raw = gzip.decompress((d / "train-labels-idx1-ubyte.gz").read_bytes())
+    (d / "t10k-labels-idx1-ubyte.gz").unlink()
+    (d / "t10k-labels-idx1-ubyte").write_bytes(raw)
+    with pytest.raises(ValueError, match=r"IDX dimensions \(60000,\), expected \(10000,\)"):
+        load_mnist(d)
+
+
 @needs_fashion
 def test_real_fashion_mnist_is_balanced():
     # Xiao, Rasul & Vollgraf (2017), Table 1: 6,000 train and 1,000 test images per class.

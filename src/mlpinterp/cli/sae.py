@@ -16,6 +16,7 @@ without a traceback.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 
@@ -278,7 +279,26 @@ def _open_if_rank0(rank: int, out: Path, run_cfg: dict, allow_hook_mismatch: boo
     if rank != 0:
         return nullcontext()
     resumable = ("steps", "model", "hook_point") if allow_hook_mismatch else ("steps",)
-    return open_run(out, "sae train", run_cfg, resumable=resumable)
+    return _hook_conflicts_named(open_run(out, "sae train", run_cfg, resumable=resumable))
+
+
+@contextmanager
+def _hook_conflicts_named(run):
+    """``run`` (an :func:`open_run` context), with a conflict in the model or hook point alone reported as such,
+    naming the flag that allows it (``--allow-hook-mismatch``)."""
+    from mlpinterp.utils.rundir import RunConflictError
+
+    try:
+        with run as rd:
+            yield rd
+    except RunConflictError as e:
+        if not e.diff or not set(e.diff) <= {"model", "hook_point"}:
+            raise
+        what = "; ".join(f"trained on {k.replace('_', ' ')} {a!r}, not {b!r}" for k, (a, b) in e.diff.items())
+        err = ValueError(f"the SAE run in {str(e.out_dir)!r} was {what}")
+        err.fix = ("pass the saved --model/--hook-point to continue it, --allow-hook-mismatch to resume it anyway, or "
+                   "another --out")
+        raise err from None
 
 
 def _sae_train_open(cfg, dcfg, out: Path, *, model: str, hook_point: str, steps: int, batch_size: int, ctx_len: int,

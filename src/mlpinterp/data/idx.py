@@ -119,10 +119,16 @@ def _raw_bytes(path: Path, expected: IdxFile | None = None) -> bytes:
     moment its output exceeds that size (a small gzip can expand to gigabytes).
     """
     with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
+        magic = f.read(2)
+        if magic != b"\x1f\x8b":
             if path.suffix == ".gz":
                 raise ValueError(f"{str(path)!r} has a .gz name but does not start with the gzip magic bytes 1f 8b")
             size = path.stat().st_size
+            head = magic + f.read(2)
+            if len(head) == 4 and head[:3] == bytes([0, 0, IDX_UBYTE]) and head[3] > 0:
+                head += f.read(4 * head[3])
+                if len(head) == 4 + 4 * head[3]:
+                    _check_shape(head, str(path), expected)
             limit = expected.n_bytes if expected is not None else MAX_IDX_BYTES
             if size > limit:
                 raise ValueError(f"{str(path)!r}: {size} bytes, more than the {limit} "
@@ -151,6 +157,8 @@ def _gunzip_bounded(f, path: Path, expected: IdxFile | None) -> bytes:
             if not header_checked and len(out) >= 4 and len(out) >= 4 + 4 * out[3]:
                 header_checked = True
                 declared = _declared_size(bytes(out[:4 + 4 * out[3]]), path)  # None: decode_idx says what is wrong
+                if declared is not None:
+                    _check_shape(bytes(out[:4 + 4 * out[3]]), str(path), expected)
                 limit = min(x for x in (limit, declared, MAX_IDX_BYTES) if x is not None)
             if limit is not None and len(out) > limit:
                 raise ValueError(f"{str(path)!r}: decompresses to more than the {limit} bytes its IDX header "
@@ -158,6 +166,16 @@ def _gunzip_bounded(f, path: Path, expected: IdxFile | None) -> bytes:
     except zlib.error as e:
         raise ValueError(f"{str(path)!r} is not a valid gzip file (corrupt or truncated: {e})") from e
     return bytes(out)
+
+
+def _check_shape(header: bytes, source: str, expected: IdxFile | None) -> None:
+    """``ValueError`` naming both shapes when a well-formed IDX header (magic + sizes) declares other dimensions than
+    ``expected`` (e.g. the train and test label files swapped), before any data is read."""
+    if expected is None:
+        return
+    shape = tuple(int(n) for n in np.frombuffer(header, dtype=">u4", count=header[3], offset=4))
+    if shape != tuple(expected.shape):
+        raise ValueError(f"{source}: IDX dimensions {shape}, expected {tuple(expected.shape)}")
 
 
 def _declared_size(header: bytes, path: Path) -> int | None:
@@ -194,9 +212,8 @@ def decode_idx(raw: bytes, source: str = "<bytes>", expected: IdxFile | None = N
     ndim = raw[3]
     if ndim == 0 or len(raw) < 4 + 4 * ndim:
         raise ValueError(f"{source}: IDX header declares {ndim} dimensions but the file has {len(raw)} bytes")
+    _check_shape(raw[:4 + 4 * ndim], source, expected)
     shape = tuple(int(s) for s in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    if expected is not None and shape != expected.shape:
-        raise ValueError(f"{source}: IDX dimensions {shape}, expected {expected.shape}")
     n_expected = 4 + 4 * ndim + math.prod(int(n) for n in shape)  # Python ints: no int64 wrap-around
     if len(raw) != n_expected:
         raise ValueError(
