@@ -1,7 +1,7 @@
 """CLI: ``mlpinterp reproduce three-spaces`` (function, parameter and activation space on one MLP).
 
     mlpinterp reproduce three-spaces --setting resid-mlp-1|tms-5-2|minilm|lm --out DIR [--quick] [--seeds N]
-        [--layer L] [--model PATH] [--threads T] [--quiet]
+        [--layer L] [--model PATH] [--text-dir DIR] [--threads T] [--quiet]
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         layer: int | None = typer.Option(None, "--layer", min=0, help="FFN block of minilm / lm (0-based; default "
                                          "3 for minilm, 1 for lm).", show_default=False),
         model: Path | None = typer.Option(None, "--model", help="lm only: a causal LM's Hugging Face directory."),
+        text_dir: Path | None = typer.Option(None, "--text-dir", help="minilm / lm: directory of *.txt files the "
+                                             "block inputs (and a trained LM) come from.",
+                                             show_default="the bundled corpora"),
     ) -> None:
         """Train or load the target, decompose its MLP in function, parameter and activation space, compare the
         direction sets (with ground truth for the toys) and write results.json, figures, report.md and
@@ -46,6 +49,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
 
         torch.set_num_threads(threads)
         with expected_errors(fix="see `mlpinterp reproduce three-spaces --help`"):
-            result = reproduce(setting.value, out, quick=quick, seeds=seeds, layer=layer, model=model, quiet=quiet)
+            result = reproduce(setting.value, out, quick=quick, seeds=seeds, layer=layer, model=model,
+                               text_dir=text_dir, quiet=quiet)
         typer.echo(f"{result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU")
         typer.echo(f"report: {out / 'report.html'}")

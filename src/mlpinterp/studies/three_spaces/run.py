@@ -77,7 +77,7 @@ def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quie
             "truth_directions": block.truth.tolist() if block.network.d_in <= 16 else None}
 
 
-def _lm_model(setting: str, model: str | None, pre: Preset, out: Path, quiet: bool):
+def _lm_model(setting: str, model: str | None, pre: Preset, out: Path, quiet: bool, text_dir):
     from mlpinterp.lm.models import load_model
 
     if setting == "minilm":
@@ -88,7 +88,7 @@ def _lm_model(setting: str, model: str | None, pre: Preset, out: Path, quiet: bo
     from mlpinterp.lm.train_config import LmTrainConfig
 
     lm_dir = (out / "lm").resolve()
-    train_lm(LmTrainConfig(**pre.lm_train), lm_dir, quiet=quiet)
+    train_lm(LmTrainConfig(**pre.lm_train), lm_dir, text_dir=text_dir, quiet=quiet)
     return load_model(str(lm_dir)), f"train-lm ({', '.join(f'{k}={v}' for k, v in pre.lm_train.items()) or 'defaults'})"
 
 
@@ -133,14 +133,15 @@ def _downstream(model, tok, site, block: Block, objects: dict, ids) -> dict:
     return res
 
 
-def _transformer_seeds(setting: str, seeds: int, pre: Preset, out: Path, layer: int | None, model_name, quiet: bool
-                       ) -> tuple[list[dict], dict]:
+def _transformer_seeds(setting: str, seeds: int, pre: Preset, out: Path, layer: int | None, model_name, quiet: bool,
+                       text_dir) -> tuple[list[dict], dict]:
     import mlpinterp as mi
     from mlpinterp.lm.capture import capture_ffn_inputs
     from mlpinterp.lm.capture_config import CaptureConfig
+    from mlpinterp.lm.text import read_texts
     from mlpinterp.spd.train import SPDConfig
 
-    (model, tok), label = _lm_model(setting, model_name, pre, out, quiet)
+    (model, tok), label = _lm_model(setting, model_name, pre, out, quiet, text_dir)
     paths = mi.ffn_paths(model)
     layer = DEFAULT_LAYER[setting] if layer is None else layer
     if not 0 <= layer < len(paths):
@@ -148,7 +149,8 @@ def _transformer_seeds(setting: str, seeds: int, pre: Preset, out: Path, layer: 
     site = mi.ffn_site(model, paths[layer])
     t0 = time.perf_counter()
     cap = capture_ffn_inputs(model, tok, {site.path: site.input_module},
-                             CaptureConfig(max_tokens=pre.max_tokens, keep_fit=pre.n_fit), quiet=quiet)
+                             CaptureConfig(max_tokens=pre.max_tokens, keep_fit=pre.n_fit),
+                             texts=None if text_dir is None else read_texts(text_dir), quiet=quiet)
     bc = cap.blocks[site.path]
     block = transformer_block(site.network, bc.fit.double().numpy(), bc.heldout[:pre.n_test].double().numpy(),
                               pre.n_readouts, 0)
@@ -166,13 +168,14 @@ def _transformer_seeds(setting: str, seeds: int, pre: Preset, out: Path, layer: 
 
 
 def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seeds: int = 1, layer: int | None = None,
-              model: str | os.PathLike | None = None, quiet: bool = False) -> dict:
+              model: str | os.PathLike | None = None, text_dir: str | os.PathLike | None = None,
+              quiet: bool = False) -> dict:
     """Run the study and write ``out/results.json``, ``out/figures/*.png``, ``out/report.md`` and ``report.html``.
 
     ``setting``: one of :data:`SETTINGS`; ``quick``: the smoke preset (a pipeline check, no conclusion);
     ``seeds``: seeds of the target (toys) and of SPD and the SAE; ``layer``: the FFN block of a transformer
     (default :data:`DEFAULT_LAYER`); ``model``: the causal LM's directory for ``lm`` (default: a small one trained
-    by ``train-lm`` into ``out/lm``).
+    by ``train-lm`` into ``out/lm``); ``text_dir``: the transformer settings' text (default: the bundled corpora).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``layer`` / ``model`` given for a setting that has
     none, a layer outside the model, and what the decompositions raise.
@@ -185,6 +188,8 @@ def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seed
         raise ValueError(f"layer applies to the transformer settings (minilm, lm), not to {setting}")
     if setting != "lm" and model is not None:
         raise ValueError(f"model applies to the lm setting only, not to {setting}")
+    if setting in TOYS and text_dir is not None:
+        raise ValueError(f"text_dir applies to the transformer settings (minilm, lm), not to {setting}")
     if layer is not None:
         check_int(layer, "layer", minimum=0)
     out = Path(out)
@@ -196,7 +201,7 @@ def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seed
     if setting in TOYS:
         per, ctx = [_toy_seed(setting, s, pre, out, quick, quiet) for s in range(seeds)], {}
     else:
-        per, ctx = _transformer_seeds(setting, seeds, pre, out, layer, model, quiet)
+        per, ctx = _transformer_seeds(setting, seeds, pre, out, layer, model, quiet, text_dir)
     results = {"study": "three-spaces", "setting": setting, "preset": "quick" if quick else "full", "seeds": seeds,
                "budget": {k: v for k, v in vars(pre).items()}, "context": ctx, "per_seed": per,
                "seconds": time.perf_counter() - t0, "cpu_seconds": _cpu_seconds() - c0,
