@@ -19,14 +19,15 @@ from mlpinterp.studies.three_spaces.function_space import readout_fvu
 
 
 def activation_space(block: Block, *, d_sae: int, k: int, steps: int, batch_size: int, seed: int,
-                     quiet: bool = True) -> dict:
-    """Train one TopK SAE (the default :class:`~mlpinterp.sae.mfr.MfrConfig` recipe, no MFR) on ``steps`` batches of
-    ``block.sae_batch`` and read it: ``{"directions": {"sae": [n_alive, d_in]}, "alive", "l0", "fvu_input",
+                     quiet: bool = True, **config) -> dict:
+    """Train one TopK SAE (the default :class:`~mlpinterp.sae.mfr.MfrConfig` recipe, no MFR; ``config``: other
+    ``MfrConfig`` fields) on ``steps`` batches of ``block.sae_batch`` and read it: ``{"directions": {"sae": [n_alive, d_in]}, "alive", "l0", "fvu_input",
     "fvu_input_se"?, "fvu", "fvu_se"}``.
 
     Raises ``ValueError`` when no latent fires on the held-out inputs.
     """
-    cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=min(k, d_sae)), n_saes=1, penalty=False, reinit=False, seed=seed)
+    cfg = MfrConfig(sae=SaeConfig(d_sae=d_sae, k=min(k, d_sae)), n_saes=1, penalty=False, reinit=False, seed=seed,
+                    **config)
     trainer = MfrTrainer(block.network.d_in, cfg)
     trainer.fit((block.sae_batch(s, batch_size) for s in range(steps)), steps, quiet=quiet, desc="SAE")
     sae = trainer.saes[0].eval()
