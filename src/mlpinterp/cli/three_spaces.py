@@ -12,7 +12,8 @@ from pathlib import Path
 import typer
 
 from mlpinterp.cli.errors import expected_errors
-from mlpinterp.cli.paramspace import Out, Quick, Quiet, Seeds, Threads
+from mlpinterp.cli.options import THREADS_DEFAULT, Out, Quick, Quiet, Threads, set_threads
+from mlpinterp.cli.paramspace import Seeds
 
 
 class Setting(StrEnum):
@@ -32,7 +33,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         setting: Setting = typer.Option(..., "--setting", help="resid-mlp-1 / tms-5-2: toys with ground truth; "
                                         "minilm: all-MiniLM-L6-v2's FFN block at --layer; lm: a causal LM's FFN "
                                         "block (--model DIR, or a small one trained by train-lm into OUT/lm)."),
-        out: Out = ..., seeds: Seeds = 1, quick: Quick = False, quiet: Quiet = False, threads: Threads = 1,
+        out: Out = ..., seeds: Seeds = 1, quick: Quick = False, quiet: Quiet = False, threads: Threads = THREADS_DEFAULT,
         layer: int | None = typer.Option(None, "--layer", min=0, help="FFN block of minilm / lm (0-based; default "
                                          "3 for minilm, 1 for lm).", show_default=False),
         model: Path | None = typer.Option(None, "--model", help="lm only: a causal LM's Hugging Face directory."),
@@ -43,11 +44,9 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         """Train or load the target, decompose its MLP in function, parameter and activation space, compare the
         direction sets (with ground truth for the toys) and write results.json, figures, report.md and
         report.html."""
-        import torch
-
         from mlpinterp.studies.three_spaces.run import reproduce
 
-        torch.set_num_threads(threads)
+        set_threads(threads)
         with expected_errors(fix="see `mlpinterp reproduce three-spaces --help`"):
             result = reproduce(setting.value, out, quick=quick, seeds=seeds, layer=layer, model=model,
                                text_dir=text_dir, quiet=quiet)

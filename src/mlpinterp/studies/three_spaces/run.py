@@ -65,11 +65,11 @@ def _compare(block: Block, sets: dict, seed: int) -> dict:
 
 def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quiet: bool) -> dict:
     from mlpinterp.experiments.apd import setting_spec
-    from mlpinterp.experiments.spd import spd_config, spd_target
+    from mlpinterp.experiments.spd import default_recipe, spd_config, spd_target
 
     toy, model, info = spd_target(setting, seed, out / "targets" / f"seed_{seed}", quick, quiet)
     block = toy_block(setting, toy, model, setting_spec(setting).sample, seed, pre.n_fit, pre.n_test)
-    cfg = spd_config(setting, pre.spd_preset == "quick", seed, **pre.spd)
+    cfg = spd_config(setting, pre.spd_preset == "quick", seed, recipe=default_recipe(setting), **pre.spd)
     meas, sets = _decompose(block, pre, cfg, seed, quiet)
     meas.pop("_objects")
     return {"seed": seed, "target_loss": info.get("loss"), "block": block.info, **meas, **_compare(block, sets, seed),

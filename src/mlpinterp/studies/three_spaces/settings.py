@@ -51,8 +51,8 @@ class Preset:
     sae_batch: int
     """SAE batch size."""
     spd: dict = field(default_factory=dict)
-    """SPD: the SPD study's preset of the setting with these fields replaced (toys), or the configuration fields of
-    a block decomposition (transformers)."""
+    """SPD: the SPD study's preset of the setting at its default recipe with these fields replaced (toys), or the
+    configuration fields of a block decomposition (transformers)."""
     spd_preset: str = "quick"
     """Toys: the SPD study's preset (``"quick"`` or ``"paper"``) that :attr:`spd` overrides."""
     n_readouts: int = 0
