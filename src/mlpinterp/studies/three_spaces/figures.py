@@ -8,26 +8,15 @@ from pathlib import Path
 import numpy as np
 
 from mlpinterp.studies.three_spaces.settings import METHOD_LABELS, METHODS, RECOVERED_COSINE
+from mlpinterp.utils.figures import pyplot, save_figure
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def _save(fig, path: Path) -> str:
-    import io
-
-    from mlpinterp.utils.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-    _plt().close(fig)
+    save_figure(fig, path)
     return path.name
 
 

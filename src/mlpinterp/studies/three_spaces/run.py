@@ -192,11 +192,17 @@ def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seed
         raise ValueError(f"text_dir applies to the transformer settings (minilm, lm), not to {setting}")
     if layer is not None:
         check_int(layer, "layer", minimum=0)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out {str(out)!r} is an existing file, expected a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    from mlpinterp.utils.rundir import open_run
+
     pre = preset(setting, quick)
+    config = {"setting": setting, "quick": quick, "seeds": seeds, "layer": layer,
+              "model": None if model is None else os.fspath(model), "budget": dict(vars(pre))}
+    with open_run(out, "reproduce three-spaces", config) as _:
+        return _reproduce(setting, Path(out), pre, quick, seeds, layer, model, text_dir, quiet)
+
+
+def _reproduce(setting: str, out: Path, pre: Preset, quick: bool, seeds: int, layer, model, text_dir, quiet: bool
+               ) -> dict:
     t0, c0 = time.perf_counter(), _cpu_seconds()
     if setting in TOYS:
         per, ctx = [_toy_seed(setting, s, pre, out, quick, quiet) for s in range(seeds)], {}
