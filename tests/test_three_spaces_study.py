@@ -107,9 +107,9 @@ def _tiny(monkeypatch, setting="tms-5-2"):
 
 
 def _place_target(tms52_target, out, seed=0):
-    from mlpinterp.experiments.apd import target_config
-    from mlpinterp.experiments.spd import target_fidelity
+    from mlpinterp.studies.spd.settings import target_fidelity
     from mlpinterp.toys.io import save_toy
+    from mlpinterp.toys.settings import target_config
 
     save_toy(tms52_target, out / "targets" / f"seed_{seed}",
              {"loss": 0.0, "config": target_config("tms-5-2", seed, True, target_fidelity("tms-5-2"))})

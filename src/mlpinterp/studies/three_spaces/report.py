@@ -7,28 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mlpinterp.experiments.report import DASH, figure, md_table, summary, write_report
+from mlpinterp.studies.report import DASH, figure, md_table, render_template, summary, write_report
 from mlpinterp.studies.three_spaces import figures as figs
 from mlpinterp.studies.three_spaces.settings import METHOD_LABELS, METHODS, RECOVERED_COSINE, TOYS
 
 ABOVE_RANDOM_SE = 3.0
 """A pairwise MMCS counts as above its random baseline when it exceeds the baseline's mean by more than 3 standard
 errors of that mean (over the baseline's draws, seeds pooled)."""
-
-
-def _render(context: dict) -> str:
-    """``report.md.j2`` of this package filled with ``context`` (undefined names raise ``jinja2.UndefinedError``)."""
-    from importlib import resources
-
-    import jinja2
-
-    text = resources.files("mlpinterp.studies.three_spaces").joinpath("report.md.j2").read_text(encoding="utf-8")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
-    out = env.from_string(text).render(**context)
-    while "\n\n\n" in out:
-        out = out.replace("\n\n\n", "\n\n")
-    return out
 
 
 def mean_se(values, fmt: str) -> str:
@@ -146,5 +131,5 @@ def write(out: Path, results: dict) -> list[str]:
            "chosen": sorted({s["function"]["chosen"] for s in per}), "threshold": RECOVERED_COSINE,
            "above_se": ABOVE_RANDOM_SE,
            "figures": {k: figure(f"figures/{v}", k.replace("_", " ")) for k, v in made.items()}}
-    write_report(out, _render(ctx), title=f"Three spaces: {results['setting']}")
+    write_report(out, render_template("mlpinterp.studies.three_spaces", "report.md.j2", ctx), title=f"Three spaces: {results['setting']}")
     return sorted(made.values())

@@ -64,8 +64,9 @@ def _compare(block: Block, sets: dict, seed: int) -> dict:
 
 
 def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quiet: bool) -> dict:
-    from mlpinterp.experiments.apd import setting_spec
-    from mlpinterp.experiments.spd import default_recipe, spd_config, spd_target
+    from mlpinterp.studies.spd.run import spd_target
+    from mlpinterp.studies.spd.settings import default_recipe, spd_config
+    from mlpinterp.toys.settings import setting_spec
 
     toy, model, info = spd_target(setting, seed, out / "targets" / f"seed_{seed}", quick, quiet)
     block = toy_block(setting, toy, model, setting_spec(setting).sample, seed, pre.n_fit, pre.n_test)
