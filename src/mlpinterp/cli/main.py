@@ -17,6 +17,7 @@ from mlpinterp.cli import lm as _lm  # noqa: E402
 from mlpinterp.cli import polynomial as _polynomial  # noqa: E402
 from mlpinterp.cli import sae as _sae  # noqa: E402
 from mlpinterp.cli import spd as _spd  # noqa: E402
+from mlpinterp.cli import three_spaces as _three_spaces  # noqa: E402
 from mlpinterp.cli import transformer as _transformer  # noqa: E402
 from mlpinterp.cli.errors import guarded  # noqa: E402
 
@@ -46,7 +47,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """Decompose trained feedforward networks: polynomial approximants, APD, SPD, and MFR sparse autoencoders."""
 
 
-for _module in (_polynomial, _apd, _spd, _sae, _transformer, _lm):
+for _module in (_polynomial, _apd, _spd, _sae, _transformer, _lm, _three_spaces):
     _module.register(app, reproduce_app)
 
 

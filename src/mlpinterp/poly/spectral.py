@@ -207,3 +207,68 @@ def quadratic_forms(p, U) -> np.ndarray:
         return Q
     T2 = _coef(p, 2)
     return np.einsum("om,ode->mde", U, T2)
+
+
+def readout_quadratic_spectrum(p, U, n: int = 1) -> QuadraticSpectrum:
+    """The ``n`` leading (by |eigenvalue|) eigenpairs of :func:`quadratic_forms` ``Q_m`` along output directions
+    ``U [d_out, m]`` (Rigg & Belrose 2025, §4.1, on chosen outputs; ``U = I`` gives every output).
+
+    For a :class:`~mlpinterp.poly.approximant.RidgePolynomial` whose ``k`` hidden units with a quadratic term span
+    fewer than ``d_in`` dimensions (``Q_m = D^T M_m D`` with ``D [k, d_in]`` their directions, and the gate
+    directions of a GLU), each form is eigendecomposed in that span through a thin QR ``D^T = Q R``:
+    ``Q_m = Q (R M_m R^T) Q^T``, so a block with d_in = 1000 and 50 neurons costs ``[50, 50]`` eigenproblems, not
+    ``[1000, 1000]`` ones; otherwise the dense forms of :func:`quadratic_forms` are eigendecomposed.
+
+    Returns a :class:`QuadraticSpectrum` with eigenvalues ``[m, n]`` and eigenvectors ``[m, d_in, n]`` (unit
+    columns in raw input coordinates; eigenvalues beyond the span are 0 and their vectors complete an orthonormal
+    basis). Raises ``ValueError`` for ``n`` outside ``[1, d_in]`` and what :func:`quadratic_forms` raises.
+    """
+    from mlpinterp.poly.approximant import RidgePolynomial
+
+    U = to_numpy(U, "U")
+    if U.ndim == 1:
+        U = U[:, None]
+    if not isinstance(p, RidgePolynomial) or getattr(p, "degree", 2) < 2:
+        w, v = _eigh_sorted(quadratic_forms(p, U))
+        return QuadraticSpectrum(w[:, :_check_n(n, v.shape[1])], v[:, :, :_check_n(n, v.shape[1])])
+    d = p.d_in
+    n = _check_n(n, d)
+    if U.shape[0] != p.d_out:
+        raise ValueError(f"U must have shape [d_out={p.d_out}, n_dirs], got {list(U.shape)}")
+    gamma, delta = p._monomial_weights(2)
+    c = U.T @ (p.W2 * gamma)  # [m, h]
+    e = None if delta is None else U.T @ (p.W2 * delta)
+    used = np.any(c != 0, axis=0) if e is None else np.any(c != 0, axis=0) | np.any(e != 0, axis=0)
+    k = int(used.sum())
+    D = p.A[used] if e is None else np.concatenate([p.A[used], p.G[used]])
+    if D.shape[0] >= d:
+        w, v = _eigh_sorted(quadratic_forms(p, U))
+        return QuadraticSpectrum(w[:, :n], v[:, :, :n])
+    m = U.shape[1]
+    M = np.zeros((m, D.shape[0], D.shape[0]))
+    idx = np.arange(k)
+    M[:, idx, idx] = c[:, used]
+    if e is not None:
+        M[:, idx, k + idx] = M[:, k + idx, idx] = 0.5 * e[:, used]
+    Q, R = np.linalg.qr(D.T)  # [d, r], [r, r], r = D.shape[0] < d
+    w, v = _eigh_sorted(np.einsum("ij,mjl,kl->mik", R, M, R, optimize=True))
+    v = np.einsum("dr,mrn->mdn", Q, v)
+    if w.shape[1] < n:  # the rest of the spectrum is 0: complete each basis orthonormally
+        pad = n - w.shape[1]
+        comp = np.linalg.svd(Q, full_matrices=True)[0][:, Q.shape[1]:Q.shape[1] + pad]
+        w = np.concatenate([w, np.zeros((m, pad))], axis=1)
+        v = np.concatenate([v, np.broadcast_to(comp, (m, d, pad))], axis=2)
+    return QuadraticSpectrum(w[:, :n], v[:, :, :n].copy())
+
+
+def _check_n(n, d: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= d:
+        raise ValueError(f"n must be an integer in [1, d_in={d}], got {n!r}")
+    return int(n)
+
+
+def _eigh_sorted(Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenpairs of symmetric ``Q [m, r, r]`` sorted by decreasing |eigenvalue| (ties: stable)."""
+    w, v = np.linalg.eigh(0.5 * (Q + np.swapaxes(Q, 1, 2)))
+    order = np.argsort(-np.abs(w), axis=1, kind="stable")
+    return np.take_along_axis(w, order, axis=1), np.take_along_axis(v, order[:, None, :], axis=2)

@@ -1,0 +1,135 @@
+"""``report.md`` / ``report.html`` of ``reproduce three-spaces``: the measured numbers of a run filled into
+``report.md.j2``, with plain sentences on which method recovers what and where the methods disagree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mlpinterp.studies.report import DASH, figure, md_table, render_template, summary, write_report
+from mlpinterp.studies.three_spaces import figures as figs
+from mlpinterp.studies.three_spaces.settings import METHOD_LABELS, METHODS, RECOVERED_COSINE, TOYS
+
+ABOVE_RANDOM_SE = 3.0
+"""A pairwise MMCS counts as above its random baseline when it exceeds the baseline's mean by more than 3 standard
+errors of that mean (over the baseline's draws, seeds pooled)."""
+
+
+def mean_se(values, fmt: str) -> str:
+    """``"m ± s.e."`` over seeds (``"m"`` for one seed; the report states n once)."""
+    values = list(values)
+    return summary(values).format(fmt, spread="se", n=len(values)).replace(f" (s.e., n = {len(values)})", "")
+
+
+def _pooled_se(values: list[float]) -> float:
+    """Standard error of the mean of per-seed means, each itself with a standard error (quadrature mean)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)])
+    return float(np.sqrt((v**2).sum()) / v.size) if v.size else float("nan")
+
+
+def truth_table(per: list[dict]) -> tuple[str, list[str]]:
+    """The ground-truth table and one sentence per method."""
+    names = [m for m in METHODS if m in per[0]["truth"]]
+    n_feat = len(per[0]["truth"][names[0]]["max_cos"])
+    rows, lines = [], []
+    for m in names:
+        t = [s["truth"][m] for s in per]
+        rows.append([METHOD_LABELS[m], mean_se([x["count"] for x in t], ".0f"), mean_se([x["mmcs"] for x in t], ".3f"),
+                     mean_se([x["random"]["mmcs"] for x in t], ".3f"), mean_se([x["recovered"] for x in t], ".1f"),
+                     mean_se([x["random"]["recovered"] for x in t], ".2f"), mean_se([x["distinct"] for x in t], ".1f")])
+        rec = float(np.mean([x["recovered"] for x in t]))
+        rnd = float(np.mean([x["random"]["recovered"] for x in t]))
+        lines.append(f"{METHOD_LABELS[m]} recover {rec:.1f} of {n_feat} true features at |cos| ≥ {RECOVERED_COSINE} "
+                     f"(random sets of the same size: {rnd:.2f}); MMCS {np.mean([x['mmcs'] for x in t]):.3f} against "
+                     f"{np.mean([x['random']['mmcs'] for x in t]):.3f} at random.")
+    head = ["method", "directions", "MMCS to truth", "random MMCS (isotropic, same count)",
+            f"features recovered (|cos| ≥ {RECOVERED_COSINE}, of {n_feat})", "random recovered",
+            "distinct directions recovering"]
+    return md_table(head, rows), lines
+
+
+def pairwise_table(per: list[dict]) -> tuple[str, list[str], list[str]]:
+    """The pairwise table, the pairs aligned above random and those not."""
+    names = [m for m in METHODS if m in per[0]["pairwise"]]
+    rows, above, not_above = [], [], []
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            p = [s["pairwise"][a][b] for s in per]
+            mm = float(np.mean([x["mmcs"] for x in p]))
+            rm = float(np.mean([x["random"]["mmcs"] for x in p]))
+            rse = _pooled_se([x["random"]["mmcs_se"] for x in p])
+            ok = mm > rm + ABOVE_RANDOM_SE * rse
+            (above if ok else not_above).append(f"{a} → {b} ({mm:.3f} vs {rm:.3f})")
+            rows.append([f"{a} → {b}", f"{p[0]['count_a']} → {p[0]['count_b']}", mean_se([x["mmcs"] for x in p], ".3f"),
+                         f"{rm:.3f} ± {rse:.3f}", "yes" if ok else "no"])
+    head = ["reference → candidates", "directions", "MMCS (mean over the reference's directions)",
+            "random from the input covariance (± s.e. over draws)", f"above random (> {ABOVE_RANDOM_SE:g} s.e.)"]
+    return md_table(head, rows), above, not_above
+
+
+def faithfulness_table(per: list[dict]) -> str:
+    f = [s["function"] for s in per]
+    p = [s["parameter"] for s in per]
+    a = [s["activation"] for s in per]
+    ci = ", ".join(f"{site}: {mean_se([s['parameter']['ci_l0'][site] for s in per], '.2f')}" for site in p[0]["ci_l0"])
+    alive = ", ".join(f"{site}: {mean_se([s['parameter']['alive'][site] for s in per], '.0f')}"
+                      for site in p[0]["alive"])
+    rows = [[f"approximant (degree 2, {f[0]['chosen']})", mean_se([x["fvu"] for x in f], ".3g"), DASH,
+             f"candidates' held-out FVU: gaussian {mean_se([x['candidates']['gaussian']['fvu'] for x in f], '.3g')}, "
+             f"data {mean_se([x['candidates']['data']['fvu'] for x in f], '.3g')}"],
+            ["SPD, CI-masked forward", mean_se([x["fvu"] for x in p], ".3g"), f"CI L0 {ci}",
+             f"C = {p[0]['C']}, {p[0]['steps']} steps at batch {p[0]['batch_size']}; alive {alive}"],
+            ["SAE reconstruction fed to the block", mean_se([x["fvu"] for x in a], ".3g"),
+             f"L0 {mean_se([x['l0'] for x in a], '.2f')}",
+             f"d_sae {a[0]['d_sae']}, k {a[0]['k']}; input FVU {mean_se([x['fvu_input'] for x in a], '.3g')}; "
+             f"alive {mean_se([x['alive'] for x in a], '.0f')}"]]
+    return md_table(["method", "held-out FVU of the block output", "sparsity", "notes"], rows)
+
+
+def downstream_table(per: list[dict]) -> str | None:
+    if "downstream" not in per[0]:
+        return None
+    d0 = per[0]["downstream"]
+    lm = d0["kind"] == "lm"
+    rows = []
+    for name in ("approximant", "sae", "spd", "zero"):
+        vals = [s["downstream"][name] for s in per]
+        rows.append([name, mean_se([v["ce" if lm else "cos"] for v in vals], ".4g"),
+                     mean_se([v["recovered"] for v in vals], ".3f")])
+    head = ["replaces the block", "next-token CE (nats/token)" if lm else "sentence-embedding cosine to clean",
+            "loss recovered vs zero ablation" if lm else "cosine recovered vs zero ablation"]
+    note = (f"clean CE {mean_se([s['downstream']['clean']['ce'] for s in per], '.4g')}; " if lm else "") + \
+        f"{d0['n_sequences']} held-out sequences; special tokens keep the exact block output"
+    return md_table(head, rows) + f"\n\n{note}."
+
+
+def write(out: Path, results: dict) -> list[str]:
+    """Draw the figures into ``out/figures`` and write ``out/report.md`` / ``report.html``; returns the figure
+    file names."""
+    per = results["per_seed"]
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    toy = results["setting"] in TOYS
+    made = {}
+    if toy:
+        made["truth"] = figs.plot_truth_mmcs(per, fig_dir / "mmcs_per_method.png")
+        made["recovered"] = figs.plot_recovered(per, fig_dir / "recovered_counts.png",
+                                                len(next(iter(per[0]["truth"].values()))["max_cos"]))
+    else:
+        made["pairwise_bars"] = figs.plot_pairwise_mmcs(per, fig_dir / "mmcs_per_method.png")
+    made["heatmap"] = figs.plot_heatmap(per, fig_dir / "pairwise_heatmap.png")
+    made["faithfulness"] = figs.plot_faithfulness(per, fig_dir / "faithfulness.png")
+    pair, above, not_above = pairwise_table(per)
+    truth, truth_lines = truth_table(per) if toy else (None, [])
+    ctx = {"r": results, "quick": results["preset"] == "quick", "toy": toy, "n": len(per),
+           "truth_table": truth, "truth_lines": truth_lines, "pairwise_table": pair, "above": above,
+           "not_above": not_above, "faithfulness_table": faithfulness_table(per),
+           "downstream_table": downstream_table(per), "block": per[0]["block"], "methods": METHOD_LABELS,
+           "chosen": sorted({s["function"]["chosen"] for s in per}), "threshold": RECOVERED_COSINE,
+           "above_se": ABOVE_RANDOM_SE,
+           "figures": {k: figure(f"figures/{v}", k.replace("_", " ")) for k, v in made.items()}}
+    write_report(out, render_template("mlpinterp.studies.three_spaces", "report.md.j2", ctx), title=f"Three spaces: {results['setting']}")
+    return sorted(made.values())
