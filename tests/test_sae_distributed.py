@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mlpinterp.sae.mfr import Distributed, MfrConfig, MfrTrainer
+from mlpinterp.sae.distributed import Distributed
+from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
 from tests.gloo import run_forked
@@ -72,7 +73,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
 
 
 def test_init_distributed_outside_torchrun_is_a_clear_error(monkeypatch):
-    from mlpinterp.sae.mfr import init_distributed
+    from mlpinterp.sae.distributed import init_distributed
 
     if dist.is_initialized():  # pragma: no cover
         pytest.skip("a process group is already initialised")

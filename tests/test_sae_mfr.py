@@ -11,15 +11,10 @@ import pytest
 import torch
 
 from mlpinterp.sae.analysis import cross_truth_correlation, feature_similarities, mmcs_to_truth, shared_false_cluster
+from mlpinterp.sae.inactivity import cubed_relative_deviation, mean_relative_deviation, should_reinit
 from mlpinterp.sae.metrics import cosine_matrix, mmcs
-from mlpinterp.sae.mfr import (
-    MfrConfig,
-    MfrTrainer,
-    cubed_relative_deviation,
-    mean_relative_deviation,
-    mfr_penalty,
-    should_reinit,
-)
+from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
+from mlpinterp.sae.mfr_penalty import mfr_penalty
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.utils.schedules import cosine_half_rise as cosine_warmup

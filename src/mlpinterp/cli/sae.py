@@ -228,7 +228,8 @@ def sae_train(
             check_model_dir(Path(model).expanduser())
     set_threads(threads)
     from mlpinterp.lm.models import canonical_model_name
-    from mlpinterp.sae.mfr import MfrConfig, init_distributed
+    from mlpinterp.sae.distributed import init_distributed
+    from mlpinterp.sae.mfr import MfrConfig
     from mlpinterp.sae.topk import SaeConfig
 
     with expected_errors():

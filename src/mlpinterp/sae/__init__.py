@@ -9,9 +9,12 @@ Modules: ``topk`` (the SAE), ``io`` (sparsify/SAELens artefacts with provenance 
 
 from mlpinterp.sae.analysis import cross_truth_correlation, feature_similarities, mmcs_to_truth, shared_false_cluster
 from mlpinterp.sae.core_metrics import core_metrics
+from mlpinterp.sae.distributed import Distributed
+from mlpinterp.sae.inactivity import INACTIVITY_MEASURES
 from mlpinterp.sae.io import check_provenance, load_sae, save_sae
 from mlpinterp.sae.metrics import cosine_matrix, dead_fraction, firing_counts, fvu, hungarian_match, l0, mmcs, mse
-from mlpinterp.sae.mfr import INACTIVITY_MEASURES, Distributed, MfrConfig, MfrTrainer, mfr_penalty
+from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
+from mlpinterp.sae.mfr_penalty import mfr_penalty
 from mlpinterp.sae.synthetic import SyntheticBatch, SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import EncoderOutput, ForwardOutput, SaeConfig, TopKSae
 

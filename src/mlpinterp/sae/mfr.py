@@ -11,7 +11,7 @@ Feature-Aligned Sparse Autoencoders", arXiv 2411.01220, sec. 3).
 * **Re-initialisation** (sec. 3.3): every ``inactivity_window`` steps each SAE's firing rates ``r_j`` after
   TopK over the window are scored by an inactivity measure (default: the paper's example, the mean deviation
   of the activation frequency from the uniform ``k / d_sae``, relative to it: ``mean_j |r_j / (k / d_sae) - 1|``,
-  with the paper's threshold 1; the cubed deviation is an option, see :data:`INACTIVITY_MEASURES`). An SAE
+  with the paper's threshold 1; the cubed deviation is an option, see :data:`mlpinterp.sae.inactivity.INACTIVITY_MEASURES`). An SAE
   whose measure *exceeds* ``inactivity_threshold`` is re-initialised whole, with a fresh optimiser;
   ``reinit_events`` / ``n_reinits`` count it.
 
@@ -33,7 +33,7 @@ scaling). bf16 *parameters* (``dtype=torch.bfloat16``) work too.
 ``penalty=False, reinit=False`` gives the baseline: the same SAEs on the same data, trained independently.
 ``n_saes=1`` with both off is plain TopK SAE training (``mlpinterp sae train``).
 
-Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`Distributed`:
+Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`mlpinterp.sae.distributed.Distributed`:
 
 * ``mode="ddp"``: every rank holds all SAEs wrapped in ``DistributedDataParallel`` and gets ``1/world`` of
   each batch; FVU and AuxK denominators are reduced across ranks so the averaged gradient is exactly the
@@ -41,6 +41,11 @@ Distributed (``torchrun``; gloo on CPU, NCCL on GPU), see :class:`Distributed`:
 * ``mode="ensemble"``: rank ``r`` owns SAEs ``i % world == r`` and sees the whole batch; decoders are
   all-gathered for the penalty. Rank ``r`` differentiates ``sum_{i owned} sum_{j != i} (1 - MMCS(W_i, sg(W_j)))``
   (``sg`` = stop-gradient), which gives every owned ``W_i`` exactly the gradient of the full penalty.
+
+This module is longer than the project's 500-line guide because :class:`MfrTrainer` is one object whose step,
+penalty, re-initialisation and checkpoint methods read and write the same state (SAEs, optimisers, counts,
+history); the stateless parts live beside it (:mod:`~mlpinterp.sae.inactivity`, :mod:`~mlpinterp.sae.mfr_penalty`,
+:mod:`~mlpinterp.sae.distributed`).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,11 +62,16 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from mlpinterp.sae.distributed import Distributed, _sum_ranks
+from mlpinterp.sae.inactivity import (
+    INACTIVITY_MEASURES,
+    should_reinit,
+)
 from mlpinterp.sae.io import check_provenance, save_sae
-from mlpinterp.sae.metrics import cosine_matrix, firing_counts
+from mlpinterp.sae.metrics import firing_counts
+from mlpinterp.sae.mfr_penalty import pair_dissimilarity
 from mlpinterp.sae.optim import ScheduleFreeSignum
 from mlpinterp.sae.topk import SaeConfig, TopKSae
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
@@ -128,82 +138,6 @@ def _read_trainer_state(meta: dict, tensors: dict[str, Tensor], trainer: MfrTrai
             raise ValueError(f"optimiser state {unknown[:3]} belongs to no parameter of SAE {i}")
         state["adam"].append(adam)
     return state
-
-
-# ----------------------------------------------------------------------------- inactivity measures
-def cubed_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
-    """``mean_j |r_j / t - 1|**3`` with ``r_j = counts_j / n_samples`` and ``t = k / d_sae`` (dimensionless).
-
-    0 when every latent fires at the uniform rate; 1 when all latents are dead; grows cubically when a
-    few latents fire far more often than ``t``.
-    """
-    t = k / counts.shape[-1]
-    r = counts.double() / n_samples
-    return float((r / t - 1).abs().pow(3).mean())
-
-
-def mean_relative_deviation(counts: Tensor, n_samples: int, k: int) -> float:
-    """``mean_j |r_j / t - 1|`` with ``r_j = counts_j / n_samples`` and ``t = k / d_sae`` (dimensionless): the
-    mean deviation of the activation frequency from the uniform ``k / N``, relative to it (Marks et al. 2024,
-    sec. 3.3, whose threshold is 1).
-
-    0 when every latent fires at the uniform rate; 1 when all are dead. With exactly ``k`` firings per sample
-    (``sum_j r_j = k``) it is twice the total-variation distance between the firing distribution and the uniform
-    one, so it lies in ``[0, 2)`` and exceeds 1 when more than half of the firing mass is misplaced: a fraction
-    ``f`` of dead latents with the others uniform scores ``2 f``; one latent firing on every sample scores
-    about ``2 / k``.
-    """
-    t = k / counts.shape[-1]
-    r = counts.double() / n_samples
-    return float((r / t - 1).abs().mean())
-
-
-def dead_fraction_measure(counts: Tensor, n_samples: int, k: int) -> float:
-    """Fraction of latents that did not fire at all during the window."""
-    return float((counts == 0).double().mean())
-
-
-INACTIVITY_MEASURES: dict[str, Callable[[Tensor, int, int], float]] = {
-    "mean_relative_deviation": mean_relative_deviation,
-    "cubed_relative_deviation": cubed_relative_deviation,
-    "dead_fraction": dead_fraction_measure,
-}
-"""Name -> ``measure(counts [d_sae], n_samples, k) -> float``; an SAE is re-initialised when measure > threshold."""
-
-
-def should_reinit(measure: float, threshold: float) -> bool:
-    """Re-initialisation rule: strictly above the threshold (NaN never triggers)."""
-    return bool(measure > threshold)
-
-
-# ----------------------------------------------------------------------------- penalty
-def pair_dissimilarity(a: Tensor, b: Tensor, assignment: tuple[np.ndarray, np.ndarray] | None = None,
-                       matching: Literal["hungarian", "max"] = "hungarian") -> tuple[Tensor, tuple]:
-    """``1 - MMCS(a, b)`` for dictionaries ``[d_sae, d_in]`` and the assignment used (reusable later).
-
-    With ``assignment`` given, the matching is not recomputed (gradients still flow through the cosines).
-    """
-    c = cosine_matrix(a, b)
-    if matching == "max":
-        return 1 - c.max(dim=1).values.mean(), None
-    if matching != "hungarian":
-        raise ValueError(f"matching must be 'hungarian' or 'max', got {matching!r}")
-    if assignment is None:
-        assignment = linear_sum_assignment(c.detach().cpu().double().numpy(), maximize=True)
-    rows, cols = assignment
-    return 1 - c[torch.as_tensor(rows), torch.as_tensor(cols)].mean(), assignment
-
-
-def mfr_penalty(decoders: list[Tensor], matching: Literal["hungarian", "max"] = "hungarian") -> Tensor:
-    """Unscaled MFR penalty ``1 / C(N, 2) * sum_{i<j} (1 - MMCS(W_i, W_j))`` (Marks et al. 2024, eq. 2).
-
-    ``decoders``: ``N >= 2`` tensors ``[d_sae, d_in]``. Differentiable. Raises ``ValueError`` if ``N < 2``.
-    """
-    if len(decoders) < 2:
-        raise ValueError(f"decoders must hold at least 2 dictionaries, got {len(decoders)}")
-    terms = [pair_dissimilarity(decoders[i], decoders[j], matching=matching)[0]
-             for i in range(len(decoders)) for j in range(i + 1, len(decoders))]
-    return torch.stack(terms).mean()
 
 
 # ----------------------------------------------------------------------------- config
@@ -303,55 +237,6 @@ class MfrConfig:
             raise ValueError("lr must be > 0 with optimizer='signum_schedulefree'")
         if self.alpha is not None and not (self.alpha >= 0):
             raise ValueError(f"alpha must be >= 0 or None, got {self.alpha!r}")
-
-
-@dataclass(frozen=True)
-class Distributed:
-    """How this process takes part in a ``torch.distributed`` run (defaults: a single process)."""
-
-    mode: Literal["none", "ddp", "ensemble"] = "none"
-    """'ddp': split every batch across ranks; 'ensemble': split the SAEs across ranks."""
-
-    @property
-    def rank(self) -> int:
-        return dist.get_rank() if self.mode != "none" else 0
-
-    @property
-    def world(self) -> int:
-        return dist.get_world_size() if self.mode != "none" else 1
-
-    def local_batch(self, x: Tensor) -> Tensor:
-        """This rank's share of a global batch ``[batch, d_in]`` (contiguous slice in ddp mode, else all of it).
-
-        Raises ``ValueError`` in ddp mode when ``batch`` is not divisible by the world size.
-        """
-        if self.mode != "ddp":
-            return x
-        world, rank = self.world, self.rank
-        if x.shape[0] % world:
-            raise ValueError(f"batch size {x.shape[0]} must be divisible by the world size {world} in ddp mode")
-        n = x.shape[0] // world
-        return x[rank * n:(rank + 1) * n]
-
-
-def init_distributed(mode: Literal["none", "ddp", "ensemble"]) -> Distributed:
-    """Initialise ``torch.distributed`` from torchrun's environment (NCCL with CUDA, gloo otherwise)."""
-    if mode not in ("none", "ddp", "ensemble"):
-        raise ValueError(f"mode must be 'none', 'ddp' or 'ensemble', got {mode!r}")
-    if mode != "none" and not dist.is_initialized():
-        if "RANK" not in os.environ:
-            raise ValueError(f"mode={mode!r} must be launched with torchrun (RANK/WORLD_SIZE are not set)")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return Distributed(mode)
-
-
-def _sum_ranks(t: Tensor) -> Tensor:
-    """Sum of a detached tensor over all ranks (moved to CUDA for NCCL, back to its device afterwards)."""
-    device = t.device
-    comm = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else device
-    t = t.detach().to(comm, copy=True)
-    dist.all_reduce(t)
-    return t.to(device)
 
 
 # ----------------------------------------------------------------------------- trainer

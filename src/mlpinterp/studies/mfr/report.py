@@ -14,7 +14,7 @@ from mlpinterp.studies.mfr.figures import summary_png
 from mlpinterp.studies.mfr.settings import PAPER
 from mlpinterp.utils.rundir import wall_time_statement
 
-#: What each inactivity measure (:data:`mlpinterp.sae.mfr.INACTIVITY_MEASURES`) scores, for the report.
+#: What each inactivity measure (:data:`mlpinterp.sae.inactivity.INACTIVITY_MEASURES`) scores, for the report.
 INACTIVITY_FORMULAS = {
     "mean_relative_deviation": "mean_j |r_j / (k / d_sae) - 1| (the paper's example measure: 0 = uniform use, 1 = all "
                                "dead, 2 f for a fraction f of dead latents with the rest uniform)",

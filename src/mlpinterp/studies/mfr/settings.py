@@ -64,7 +64,7 @@ class MfrRuns:
     """Weight of the AuxK loss; 0, as the paper's SAEs (AuxK revives the dead latents re-initialisation acts on)."""
 
     inactivity_measure: str = "mean_relative_deviation"
-    """Inactivity measure (:data:`mlpinterp.sae.mfr.INACTIVITY_MEASURES`): the paper's example by default."""
+    """Inactivity measure (:data:`mlpinterp.sae.inactivity.INACTIVITY_MEASURES`): the paper's example by default."""
 
     inactivity_threshold: float = 1.0
     """Re-initialise an SAE whose measure exceeds this (the paper's threshold for its measure)."""
