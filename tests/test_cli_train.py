@@ -94,3 +94,21 @@ def test_cli_import_stays_light():
     code = "import sys, mlpinterp.cli.main; print(sorted(m for m in ('torch', 'sklearn') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("device", ["banana", "cpu:3"])
+def test_train_unknown_device_is_a_usage_error_before_anything_is_written(tmp_path, device):
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--steps", "5", "--device", device])
+    assert r.exit_code == 2 and "--device" in flat(r.output) and "Traceback" not in r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_classifier_checks_the_device_before_creating_the_run(tmp_path):
+    from mlpinterp.data import load_dataset
+    from mlpinterp.models import ClassifierConfig, train_classifier
+
+    data = load_dataset("digits")
+    cfg = ClassifierConfig(d_in=data.d_in, n_classes=data.n_classes, d_hidden=4, steps=2, warmup_steps=1)
+    with pytest.raises(ValueError, match="device must be"):
+        train_classifier(cfg, data, tmp_path / "run", device="banana")
+    assert not (tmp_path / "run").exists()

@@ -48,6 +48,18 @@ def _positive(value: float | None) -> float | None:
     return value
 
 
+def _device(value: str | None) -> str | None:
+    """``--device``: a torch device that exists on this machine (:func:`mlpinterp.utils.validation.check_device`)."""
+    from mlpinterp.utils.validation import check_device
+
+    if value is not None:
+        try:
+            check_device(value, "--device")
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
+    return value
+
+
 Out = Annotated[Path, typer.Option("--out", callback=_non_empty, metavar="DIR",
                                    help="Output directory (a run directory: locked while in use; a rerun with the "
                                         "same settings resumes).")]
@@ -56,7 +68,7 @@ Quick = Annotated[bool, flag("--quick/--no-quick", help="Reduced CPU preset (few
                                                          "check in at most 3 minutes on a 2-core CPU, never a "
                                                          "reproduction.")]
 Quiet = Annotated[bool, flag("--quiet/--no-quiet", help="No progress bars.")]
-Device = Annotated[str, typer.Option("--device", help="Where to train: cpu, cuda, cuda:1, ...")]
+Device = Annotated[str, typer.Option("--device", callback=_device, help="Where to train: cpu, cuda, cuda:1, ...")]
 Threads = Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest on a shared CPU; "
                                                                  "bit-identical resumption needs the same value).")]
 Steps = Annotated[int | None, typer.Option("--steps", min=1, help="Override the preset's number of steps.",

@@ -49,7 +49,7 @@ from mlpinterp.utils.checkpoint import (
 )
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.rundir import RunConflictError, open_run
-from mlpinterp.utils.validation import config_diff
+from mlpinterp.utils.validation import check_device, config_diff
 
 CHECKPOINT_KIND = "classifier_checkpoint"
 """Artifact kind of the eval-mode weights ``step_N.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""
@@ -231,7 +231,8 @@ def train_classifier(
         ``cfg`` or ``data`` of the wrong type.
     ValueError
         ``cfg`` does not match ``data`` (d_in, n_classes), fewer training examples than
-        ``batch_size``, or a resumed checkpoint is corrupt (the message says which file to delete).
+        ``batch_size``, ``device`` not a device of this machine (e.g. ``"cuda"`` without CUDA), or a resumed
+        checkpoint is corrupt (the message says which file to delete).
     RunConflictError
         ``out_dir`` holds checkpoints of a different run (a ``ValueError``; ``.diff`` and ``.fix`` say how).
     """
@@ -246,12 +247,13 @@ def train_classifier(
         )
     if data.n_train < cfg.batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {data.n_train} training examples")
+    dev = check_device(device)
     out_dir = Path(out_dir)
     fresh = not out_dir.exists()
     try:
         with open_run(out_dir, "train", {**cfg.to_dict(), "dataset": data.name}, resumable=("steps",),
                       implicit=ADDED_FIELDS):
-            return _train_locked(cfg, data, out_dir, progress, torch.device(device), threads)
+            return _train_locked(cfg, data, out_dir, progress, dev, threads)
     except TrainingDiverged as e:
         if fresh:  # a run that diverged leaves nothing behind (its earlier checkpoints belong to a useless run)
             shutil.rmtree(out_dir, ignore_errors=True)
