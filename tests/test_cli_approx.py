@@ -69,3 +69,41 @@ def test_approx_missing_dataset_files_is_a_message_with_the_fix(tmp_path):
                                  "mixture", "--dataset", "mnist", "--data-path", str(tmp_path / "nowhere")])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
     assert "missing IDX file" in flat(r.output) and "Fix: pass --data-path" in flat(r.output)
+
+
+def test_approx_out_never_overwrites_the_weights_it_reads(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    npz, _ = _weights(tmp_path, rng)
+    path = tmp_path / "w.safetensors"
+    with np.load(npz) as z:
+        save_file({k: z[k] for k in z.files}, str(path))
+    sidecar = tmp_path / "w.json"
+    sidecar.write_text("{}")
+    before = path.read_bytes()
+    runner = CliRunner()
+    for out in (path, tmp_path / "w"):  # w -> w.safetensors + w.json: the .json clashes with the weights' sidecar
+        r = runner.invoke(app, ["approx", str(path), "--activation", "relu", "--out", str(out)])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+        assert "would overwrite the network" in flat(r.output) and "Fix:" in flat(r.output)
+    assert path.read_bytes() == before and sidecar.read_text() == "{}"
+    r = runner.invoke(app, ["approx", str(path), "--activation", "relu", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0 and (tmp_path / "p.safetensors").exists()
+
+
+def test_approx_refuses_mean_cov_together_with_a_dataset_law(tmp_path):
+    rng = np.random.default_rng(4)
+    path, _ = _weights(tmp_path, rng)
+    np.save(tmp_path / "mean.npy", np.zeros(3))
+    np.save(tmp_path / "cov.npy", np.eye(3))
+    r = CliRunner().invoke(app, ["approx", str(path), "--activation", "relu", "--mean", str(tmp_path / "mean.npy"),
+                                 "--cov", str(tmp_path / "cov.npy"), "--distribution", "mixture", "--dataset", "digits"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert "--distribution mixture --dataset digits would be ignored" in flat(r.output)
+
+
+def test_approx_help_shows_the_shapes_of_mean_and_cov():
+    r = CliRunner().invoke(app, ["approx", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "mean [d_in]" in flat(r.output) and "covariance [d_in, d_in]" in flat(r.output)

@@ -159,6 +159,10 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
     if mean is not None or cov is not None:
         if mean is None or cov is None:
             raise typer.BadParameter("--mean and --cov must be given together", param_hint="--mean/--cov")
+        if kind != DistName.standard or dataset is not None:
+            given = f"--distribution {kind.value}" + (f" --dataset {dataset.value}" if dataset is not None else "")
+            fail(f"--mean/--cov define the input law, so {given} would be ignored",
+                 "pass either --mean and --cov, or --distribution gaussian|mixture with --dataset")
         arrays = []
         for name, file in (("--mean", mean), ("--cov", cov)):
             try:
@@ -196,6 +200,20 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
     return mix if kind == DistName.mixture else mix.pooled()
 
 
+def _refuse_out_over_input(out: Path, weights: Path) -> None:
+    """``approx --out`` writes ``OUT.safetensors`` and ``OUT.json``: refuse when either is the weights file or the
+    sidecar of a checkpoint (``step_N.json``), which the approximant would overwrite."""
+    from mlpinterp.utils.artifact import tensors_path
+
+    written = tensors_path(out)
+    src = weights.resolve()
+    inputs = {src, src.with_suffix(".json")}
+    clash = [str(p) for p in (written, written.with_suffix(".json")) if p.resolve() in inputs]
+    if clash:
+        fail(f"--out {str(out)!r} would overwrite the network being approximated ({', '.join(clash)})",
+             "pass an --out path outside the weights file and its .json, e.g. --out approx/degree2")
+
+
 def approx(
     weights: Annotated[Path, typer.Argument(help="Network weights: a classifier checkpoint (step_*.safetensors), "
                                              "or a .safetensors/.npz with W1,b1,W2,b2 (MLP) or W,b,V,c[,W2,b2] (GLU).")],
@@ -203,8 +221,8 @@ def approx(
     activation: Annotated[str | None, typer.Option(help="Activation for raw weight files: relu, gelu, silu, tanh, ...")] = None,
     distribution: Annotated[DistName, typer.Option(help="Input law: standard = N(0, I); gaussian = moment-matched "
                                                    "Gaussian of --dataset; mixture = its class-conditional mixture (Ledoit-Wolf class covariances).")] = DistName.standard,
-    mean: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian mean [d_in] (with --cov).")] = None,
-    cov: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian covariance [d_in, d_in].")] = None,
+    mean: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian mean \\[d_in] (with --cov).")] = None,
+    cov: Annotated[Path | None, typer.Option(help="A .npy file with the Gaussian covariance \\[d_in, d_in].")] = None,
     dataset: Annotated[DatasetName | None, typer.Option(help="Dataset whose moments define the input law.")] = None,
     data_path: Annotated[Path | None, typer.Option(help="Directory with the dataset's IDX files.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the approximant here (.safetensors + .json).")] = None,
@@ -214,6 +232,8 @@ def approx(
     from mlpinterp.poly.fit import fit_polynomial
     from mlpinterp.poly.metrics import fvu
 
+    if out is not None:
+        _refuse_out_over_input(out, weights)
     net, _ = load_network(weights, activation)
     dist = _distribution(distribution, net.d_in, mean, cov, dataset, data_path)
     try:
