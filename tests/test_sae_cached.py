@@ -104,3 +104,22 @@ def test_missing_and_corrupt_files(tmp_path):
     junk.write_bytes(b"not a safetensors file")
     res = runner.invoke(app, ["sae", "train", "--activations", str(junk)])
     assert res.exit_code == 1 and "not a valid safetensors file" in res.output and "Traceback" not in res.output
+
+
+def test_model_options_with_activations_are_refused_not_ignored(tmp_path):
+    path = write_activations(tmp_path / "acts.safetensors", _acts(300), None)
+    runner = CliRunner()
+    res = runner.invoke(app, ["sae", "train", "--activations", str(path), "--d-sae", "16", "--k", "2", "--mfr",
+                              "--n-saes", "2", "--hook-point", "h", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    out = " ".join(res.output.split())
+    assert "--hook-point, --n-saes, --mfr given with --activations" in out and "Fix: drop those options" in out
+    assert not (tmp_path / "o").exists()
+
+
+def test_k_above_d_sae_is_a_usage_error_naming_both(tmp_path):
+    path = write_activations(tmp_path / "acts.safetensors", _acts(300), None)
+    res = CliRunner().invoke(app, ["sae", "train", "--activations", str(path), "--d-sae", "8", "--k", "9",
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--k 9 must be <= --d-sae 8" in " ".join(res.output.replace("│", " ").split())
+    assert not (tmp_path / "o").exists()

@@ -182,6 +182,7 @@ def _run_mfr(exp_mod, mfr_settings, setting: str, kw: dict, quick: bool, quiet: 
 
 
 def sae_train(
+    ctx: typer.Context,
     model: str = typer.Option("minilm", help="'minilm' (embedded), or a local Hugging Face name/path."),
     hook_point: str = typer.Option("encoder.layer.3.output", help="Module path whose output is read."),
     k: int = typer.Option(32, min=1, help="TopK k."),
@@ -219,7 +220,11 @@ def sae_train(
 
     with expected_errors():  # refused before the model is loaded
         out = check_out_dir(out)
+    if k > d_sae:
+        raise typer.BadParameter(f"--k {k} must be <= --d-sae {d_sae} (TopK keeps k of the d_sae latents)",
+                                 param_hint="--k")
     if activations is not None:
+        _refuse_model_options_with_activations(ctx)
         set_threads(threads)
         _train_on_file(activations, out, d_sae, k, tokens or steps * batch_size, batch_size, seed, quiet)
         return
@@ -252,6 +257,21 @@ def sae_train(
                             ctx_len=ctx_len, max_chunks=max_chunks, text_dir=text_dir, eval_chunks=eval_chunks,
                             autocast=autocast, allow_hook_mismatch=allow_hook_mismatch, cache=cache, seed=seed,
                             device=device, quiet=quiet)
+
+
+_MODEL_ONLY = ("model", "hook_point", "tied", "n_saes", "mfr", "ctx_len", "max_chunks", "text_dir", "eval_chunks",
+               "normalize_activations", "autocast", "allow_hook_mismatch", "cache", "distributed", "device")
+"""``sae train`` parameters that act on the model-streaming path only; ``--activations`` trains one plain SAE on CPU."""
+
+
+def _refuse_model_options_with_activations(ctx: typer.Context) -> None:
+    """Refuse options given on the command line that ``--activations FILE`` would silently ignore."""
+    given = [p.opts[0] for p in ctx.command.params if p.name in _MODEL_ONLY
+             and getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+    if given:
+        fail(f"{', '.join(given)} given with --activations, which trains one untied TopK SAE without MFR on the "
+             "file's activations (on the CPU) and would ignore them",
+             "drop those options, or drop --activations to train on a model's activations")
 
 
 def _train_on_file(path: Path, out: Path, d_sae: int, k: int, tokens: int, batch_size: int, seed: int,
