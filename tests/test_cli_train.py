@@ -112,3 +112,13 @@ def test_train_classifier_checks_the_device_before_creating_the_run(tmp_path):
     with pytest.raises(ValueError, match="device must be"):
         train_classifier(cfg, data, tmp_path / "run", device="banana")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_of_another_command_names_that_command_in_the_fix(tmp_path):
+    out = tmp_path / "D"
+    assert _train(out, "--steps", "16").exit_code == 0
+    r = CliRunner().invoke(app, ["reproduce", "polynomial", "--quick", "--quiet", "--out", str(out)])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    text = flat(r.output)
+    assert "Fix: " in text and "holds a run of `mlpinterp train`: continue it with that command" in text
+    assert "settings without a CLI option" not in text

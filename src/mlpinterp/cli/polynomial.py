@@ -63,6 +63,10 @@ _FLAGS = {"d_hidden": "--d-hidden", "arch": "--arch", "activation": "--activatio
 def _conflict_fix(e, out: Path) -> str:
     """How to continue the run in ``out`` (its saved settings as CLI options) or start a new one; a setting the run
     was written before has the value of that time."""
+    if "command" in e.diff:  # another command's run: its settings are not this command's options
+        saved = saved_value(e.diff["command"][0])
+        return (f"{str(out)!r} holds a run of `mlpinterp {saved}`: continue it with that command, or pass another "
+                f"--out (or delete {str(out)!r}) to start a new run")
     opts, other = [], []
     for k, (saved, _) in sorted(e.diff.items()):
         if saved is ABSENT:  # the saved run never had this setting: nothing to pass
