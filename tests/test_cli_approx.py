@@ -107,3 +107,14 @@ def test_approx_help_shows_the_shapes_of_mean_and_cov():
     r = CliRunner().invoke(app, ["approx", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
     assert "mean [d_in]" in flat(r.output) and "covariance [d_in, d_in]" in flat(r.output)
+
+
+def test_approx_mean_of_the_wrong_length_is_named_against_the_network(tmp_path):
+    rng = np.random.default_rng(5)
+    path, _ = _weights(tmp_path, rng)  # d_in = 3
+    np.save(tmp_path / "mean.npy", np.zeros(5))
+    np.save(tmp_path / "cov.npy", np.eye(3))
+    r = CliRunner().invoke(app, ["approx", str(path), "--activation", "relu", "--mean", str(tmp_path / "mean.npy"),
+                                 "--cov", str(tmp_path / "cov.npy")])
+    assert r.exit_code == 2
+    assert "mean must have shape [3] (the network's d_in = 3), got [5]" in flat(r.output)

@@ -187,6 +187,10 @@ def _distribution(kind: DistName, d: int, mean: Path | None, cov: Path | None, d
                 fail(f"{name} {str(file)!r} holds an empty array (shape {list(arr.shape)})",
                      f"pass the {'mean [d_in]' if name == '--mean' else 'covariance [d_in, d_in]'} with d_in = {d}, "
                      "the network's input size")
+            want = (d,) if name == "--mean" else (d, d)
+            if arr.shape != want:
+                raise typer.BadParameter(f"{name[2:]} must have shape {list(want)} (the network's d_in = {d}), got "
+                                         f"{list(arr.shape)} in {str(file)!r}", param_hint=name)
             arrays.append(arr)
         try:
             return Gaussian(*arrays)
