@@ -37,3 +37,8 @@ def test_readme_block_runs_as_printed(i, src, tmp_path, monkeypatch):
             pytest.skip(f"{mod} is not installed (pip install -e '.[text]')")
     monkeypatch.chdir(tmp_path)  # anything a block writes lands here
     exec(compile(src, f"README.md python block {i}", "exec"), {"__name__": f"readme_block_{i}"})
+
+
+def test_readme_sections_are_not_repeated():
+    headings = re.findall(r"^#{1,6} .+$", README.read_text(), flags=re.M)
+    assert len(headings) == len(set(headings)), [h for h in headings if headings.count(h) > 1]
