@@ -97,9 +97,10 @@ def test_cli_import_stays_light():
 
 
 @pytest.mark.parametrize("device", ["banana", "cpu:3"])
-def test_train_unknown_device_is_a_usage_error_before_anything_is_written(tmp_path, device):
+def test_train_unknown_device_is_refused_before_anything_is_written(tmp_path, device):
     r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--steps", "5", "--device", device])
-    assert r.exit_code == 2 and "--device" in flat(r.output) and "Traceback" not in r.output
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "Traceback" not in r.output
+    assert "Error: --device" in flat(r.output) and "Fix: pass --device cpu" in flat(r.output)
     assert not (tmp_path / "run").exists()
 
 

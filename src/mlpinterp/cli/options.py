@@ -49,14 +49,15 @@ def _positive(value: float | None) -> float | None:
 
 
 def _device(value: str | None) -> str | None:
-    """``--device``: a torch device that exists on this machine (:func:`mlpinterp.utils.validation.check_device`)."""
+    """``--device``: a torch device that exists on this machine (:func:`mlpinterp.utils.validation.check_device`), else
+    an ``Error:``/``Fix:`` exit before any work."""
     from mlpinterp.utils.validation import check_device
 
     if value is not None:
         try:
             check_device(value, "--device")
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
+            fail(str(e), "pass --device cpu, or a device this machine has (cuda needs a CUDA build of torch and a GPU)")
     return value
 
 
