@@ -347,6 +347,7 @@ def test_mnist_wrong_files_in_directory_raise(tmp_path):
         load_mnist(d)
 
 
+@needs_mnist
 def test_mnist_uncompressed_file_of_other_dimensions_is_named_by_its_header(tmp_path):
     import gzip
 
