@@ -226,6 +226,9 @@ def test_polynomial_smoke_report_draws_no_verdict():
     md = render_markdown(_polynomial(3, smoke=True))
     claims = md.split("## Claims")[1].split("## Final")[0]
     assert "**Smoke run**" in md and "reproduced" not in claims.replace("not a reproduction", "")
+    assert "`--quick`" in md and "--smoke" not in md  # the option as the CLI shows it
+    one = render_markdown(_polynomial(1, smoke=True))
+    assert "one seed" in one and "several seeds" not in one and "3 seeds" in md
 
 
 def test_templates_ship_as_package_data():

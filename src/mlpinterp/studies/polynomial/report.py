@@ -2,7 +2,7 @@
 
 The report puts each claim of Rigg & Belrose (2025, arXiv 2502.01032) beside our measurement (mean ± sample
 standard deviation over seeds, with n; no spread for one seed) and a verdict with its one-line reason, drawn only
-from full runs (a ``--smoke`` run says "smoke run: not a reproduction"). Rendering goes through the shared
+from full runs (a ``--quick`` run says "smoke run: not a reproduction"). Rendering goes through the shared
 :mod:`mlpinterp.studies.report` (every figure embedded in ``report.html``).
 """
 
@@ -97,7 +97,7 @@ def _pct(st: rep.Summary, n: int | None = None) -> str:
 
 
 def run_kind(cfg: dict) -> str:
-    """``"smoke"`` for ``--smoke`` runs (no verdicts), else ``"full"``."""
+    """``"smoke"`` for ``--quick`` runs (no verdicts), else ``"full"``."""
     return "smoke" if cfg.get("smoke") else "full"
 
 
