@@ -27,7 +27,7 @@ from mlpinterp.sae.topk import SaeConfig
 from mlpinterp.studies.mfr.analysis import core_summary, run_kind, summarise, verdicts
 from mlpinterp.studies.mfr.figures import figures_summary
 from mlpinterp.studies.mfr.report import write_mfr_report
-from mlpinterp.studies.mfr.run import eval_saes, open_mfr_run
+from mlpinterp.studies.mfr.run import eval_saes, open_mfr_run, pending_runs
 from mlpinterp.studies.mfr.settings import PAPER, EegExperiment, conditions
 from mlpinterp.utils.batches import epoch_batch_indices
 from mlpinterp.utils.io import atomic_write_json
@@ -63,38 +63,31 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
     n_vectors = data["train"].shape[0] + data["held_out"].shape[0]
     pipeline_s = data["seconds"]["read"] + data["seconds"]["preprocess"]
     results: list[dict] = []
-    for k in exp.k_values:
-        for seed in range(exp.seeds):
-            for cond, (penalty, reinit, alpha) in conds.items():
-                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
-                done = run_dir / "result.json"
-                if done.exists():
-                    results.append(json.loads(done.read_text()))
-                    continue
-                cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
-                                reinit=reinit, lr=exp.lr, rematch_every=exp.rematch_every, alpha=alpha,
-                                inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
-                                optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
-                                inactivity_measure=exp.inactivity_measure,
-                                normalize_activations="expected_average_only_in", seed=3000 + seed)
-                trainer = MfrTrainer(train.shape[1], cfg, device=device, model_name="eeg",
-                                     hook_point=f"eeg:{exp.eeg.window}x{len(data['channels'])}")
-                trainer.load_checkpoint(run_dir)
-                t0, step0 = time.time(), trainer.step
-                trainer.fit(_batches(train, exp.batch_size, seed, trainer.step), exp.steps, quiet=quiet,
-                            checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
-                            desc=f"eeg k={k} seed={seed} {cond}")
-                seconds = time.time() - t0
-                fvus, rates, l0s = eval_saes(trainer, held)
-                res = {"k": k, "seed": seed, "condition": cond, "seconds": seconds, "fvu": fvus, "l0": l0s,
-                       "dead_fraction": [float((r == 0).mean()) for r in rates],
-                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
-                       "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan")),
-                       "train_vectors_per_second": (exp.steps - step0) * exp.batch_size / seconds if seconds else
-                       float("nan"),
-                       "saebench_core": [core_metrics(s.cpu().eval(), held) for s in trainer.saes]}
-                atomic_write_json(done, res)
-                results.append(res)
+    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+        cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
+                        reinit=reinit, lr=exp.lr, rematch_every=exp.rematch_every, alpha=alpha,
+                        inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
+                        optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                        inactivity_measure=exp.inactivity_measure,
+                        normalize_activations="expected_average_only_in", seed=3000 + seed)
+        trainer = MfrTrainer(train.shape[1], cfg, device=device, model_name="eeg",
+                             hook_point=f"eeg:{exp.eeg.window}x{len(data['channels'])}")
+        trainer.load_checkpoint(run_dir)
+        t0, step0 = time.time(), trainer.step
+        trainer.fit(_batches(train, exp.batch_size, seed, trainer.step), exp.steps, quiet=quiet,
+                    checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
+                    desc=f"eeg k={k} seed={seed} {cond}")
+        seconds = time.time() - t0
+        fvus, rates, l0s = eval_saes(trainer, held)
+        res = {"k": k, "seed": seed, "condition": cond, "seconds": seconds, "fvu": fvus, "l0": l0s,
+               "dead_fraction": [float((r == 0).mean()) for r in rates],
+               "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+               "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan")),
+               "train_vectors_per_second": (exp.steps - step0) * exp.batch_size / seconds if seconds else
+               float("nan"),
+               "saebench_core": [core_metrics(s.cpu().eval(), held) for s in trainer.saes]}
+        atomic_write_json(done, res)
+        results.append(res)
     summary = summarise(results, ["fvu", "l0", "dead_fraction"])
     improvement: dict[str, dict[str, float]] = {}
     for cond in summary:

@@ -67,6 +67,22 @@ def eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.nda
     return fvus, np.stack(rates), l0s
 
 
+def pending_runs(out: Path, exp, conds: dict, results: list[dict]) -> Iterator[tuple]:
+    """The runs of a study's grid (every k of ``exp.k_values`` x seed x condition of ``conds``), in that order: a
+    finished run (``out/runs/k{k}_seed{seed}_{cond}/result.json``) has its result appended to ``results`` and is
+    skipped; each other one is yielded as ``(k, seed, cond, (penalty, reinit, alpha), run_dir, result_path)``, and its
+    caller appends its result to ``results`` before asking for the next, so ``results`` stays in grid order."""
+    for k in exp.k_values:
+        for seed in range(exp.seeds):
+            for cond, spec in conds.items():
+                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
+                done = run_dir / "result.json"
+                if done.exists():
+                    results.append(json.loads(done.read_text()))
+                    continue
+                yield k, seed, cond, spec, run_dir, done
+
+
 def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticExperiment(), *,
                   quiet: bool = False, device: str = "cpu") -> dict:
     """Run the synthetic reproduction; resumes finished runs from ``out/runs/*/result.json``."""
@@ -78,54 +94,49 @@ def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticEx
 def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: bool, device: str) -> dict:
     out = rd.path
     results: list[dict] = []
-    for k in exp.k_values:
-        for seed in range(exp.seeds):
-            data = SyntheticData(SyntheticConfig(k_active=k, seed=seed))
+    data_of = None
+    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+        if (k, seed) != data_of:  # the synthetic data of this (k, seed), made once for its conditions
+            data_of, data = (k, seed), SyntheticData(SyntheticConfig(k_active=k, seed=seed))
             held = data.batch(10_000_000, exp.eval_samples).x  # far beyond any training index
-            for cond, (penalty, reinit, alpha) in conds.items():
-                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
-                done = run_dir / "result.json"
-                if done.exists():
-                    results.append(json.loads(done.read_text()))
-                    continue
-                base = results[-1] if cond == "reinit" else None
-                if base is not None and base["condition"] == "baseline" and not base.get("would_reinit", True):
-                    # Re-initialisation is a deterministic function of the trajectory: if the baseline's
-                    # inactivity measure never crossed the threshold, the reinit run is the baseline run.
-                    res = {**base, "condition": "reinit", "reused_baseline": True}
-                    atomic_write_json(done, res)
-                    results.append(res)
-                    continue
-                cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k, tied=exp.tied), n_saes=exp.n_saes,
-                                penalty=penalty, reinit=reinit, inactivity_threshold=exp.inactivity_threshold,
-                                alpha=alpha, optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
-                                inactivity_measure=exp.inactivity_measure,
-                                reinit_until=int(exp.steps * exp.reinit_until_frac), seed=1000 + seed)
-                trainer = MfrTrainer(256, cfg, device=device)
-                trainer.load_checkpoint(run_dir)
-                t0 = time.time()
-                trainer.fit(data.stream(exp.batch_size, start=trainer.step), exp.steps, quiet=quiet,
-                            checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
-                            desc=f"k={k} seed={seed} {cond}")
-                decs = [s.W_dec.detach().cpu() for s in trainer.saes]
-                fvus, rates, l0s = eval_saes(trainer, held)
-                res = {
-                    "k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0,
-                    "mmcs_truth": [mmcs_to_truth(w, data.features) for w in decs],
-                    "mmcs_cross": float(np.mean([float(mmcs(decs[i].double(), decs[j].double()))
-                                                 for i in range(len(decs)) for j in range(i + 1, len(decs))])),
-                    "fvu": fvus, "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
-                    "correlation": cross_truth_correlation(decs, data.features),
-                    "shared_false": shared_false_cluster(decs, data.features, rates),
-                    "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
-                    "would_reinit": any(c["measure"] > exp.inactivity_threshold and c["step"] <= cfg.reinit_until
-                                        for c in trainer.checks),
-                    "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan")),
-                    "inactivity_threshold": exp.inactivity_threshold,
-                    "saebench_core": [core_metrics(sae, held) for sae in trainer.saes],
-                }
-                atomic_write_json(done, res)
-                results.append(res)
+        base = results[-1] if cond == "reinit" else None
+        if base is not None and base["condition"] == "baseline" and not base.get("would_reinit", True):
+            # Re-initialisation is a deterministic function of the trajectory: if the baseline's
+            # inactivity measure never crossed the threshold, the reinit run is the baseline run.
+            res = {**base, "condition": "reinit", "reused_baseline": True}
+            atomic_write_json(done, res)
+            results.append(res)
+            continue
+        cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k, tied=exp.tied), n_saes=exp.n_saes,
+                        penalty=penalty, reinit=reinit, inactivity_threshold=exp.inactivity_threshold,
+                        alpha=alpha, optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                        inactivity_measure=exp.inactivity_measure,
+                        reinit_until=int(exp.steps * exp.reinit_until_frac), seed=1000 + seed)
+        trainer = MfrTrainer(256, cfg, device=device)
+        trainer.load_checkpoint(run_dir)
+        t0 = time.time()
+        trainer.fit(data.stream(exp.batch_size, start=trainer.step), exp.steps, quiet=quiet,
+                    checkpoint_dir=run_dir, checkpoint_every=max(exp.steps // 4, 1),
+                    desc=f"k={k} seed={seed} {cond}")
+        decs = [s.W_dec.detach().cpu() for s in trainer.saes]
+        fvus, rates, l0s = eval_saes(trainer, held)
+        res = {
+            "k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0,
+            "mmcs_truth": [mmcs_to_truth(w, data.features) for w in decs],
+            "mmcs_cross": float(np.mean([float(mmcs(decs[i].double(), decs[j].double()))
+                                         for i in range(len(decs)) for j in range(i + 1, len(decs))])),
+            "fvu": fvus, "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
+            "correlation": cross_truth_correlation(decs, data.features),
+            "shared_false": shared_false_cluster(decs, data.features, rates),
+            "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+            "would_reinit": any(c["measure"] > exp.inactivity_threshold and c["step"] <= cfg.reinit_until
+                                for c in trainer.checks),
+            "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan")),
+            "inactivity_threshold": exp.inactivity_threshold,
+            "saebench_core": [core_metrics(sae, held) for sae in trainer.saes],
+        }
+        atomic_write_json(done, res)
+        results.append(res)
     summary = summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
     metrics = {"setting": "synthetic", "experiment": asdict(exp), "run_kind": run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "verdicts": verdicts(results, "mmcs_truth", run_kind(exp)),
@@ -198,47 +209,40 @@ def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, dev
     held = hook_activations(model, exp.hook_point, eval_ids)
     held = held[~torch.isin(eval_ids, torch.tensor(tok.all_special_ids))].float()
     results: list[dict] = []
-    for k in exp.k_values:
-        for seed in range(exp.seeds):
-            for cond, (penalty, reinit, alpha) in conds.items():
-                run_dir = out / "runs" / f"k{k}_seed{seed}_{cond}"
-                done = run_dir / "result.json"
-                if done.exists():
-                    results.append(json.loads(done.read_text()))
-                    continue
-                src = ActivationSource(model, tok, replace(acfg, seed=seed), texts=train_texts, cache_dir=cache)
-                cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
-                                reinit=reinit, rematch_every=exp.rematch_every, alpha=alpha,
-                                inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
-                                optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
-                                inactivity_measure=exp.inactivity_measure, seed=2000 + seed)
-                trainer = MfrTrainer(held.shape[1], cfg, device=device, model_name=canonical_model_name(exp.model),
-                                     hook_point=exp.hook_point)
-                trainer.load_checkpoint(run_dir)  # resumes weights and optimiser; the data stream restarts
-                t0 = time.time()
-                trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
-                            checkpoint_every=max(exp.steps // 4, 1), desc=f"k={k} seed={seed} {cond}")
-                fvus, rates, l0s = eval_saes(trainer, held)
-                res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
-                       "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
-                       "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
-                       "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan"))}
-                core = [evaluate_sae(s.cpu().eval(), model, eval_ids, special_ids=tok.all_special_ids)
-                        for s in trainer.saes]
-                res["saebench_core"] = core
-                if is_lm:
-                    perf = [c["model_performance_preservation"] for c in core]
-                    res["loss_recovered"] = [p["ce_loss_score"] for p in perf]
-                    res["lm"] = [{"ce_clean": p["ce_loss_without_sae"], "ce_spliced": p["ce_loss_with_sae"],
-                                  "ce_zero": p["ce_loss_with_ablation"], "loss_recovered": p["ce_loss_score"]}
-                                 for p in perf]
-                    for key in ("ce_clean", "ce_spliced", "ce_zero"):
-                        res[key] = [e[key] for e in res["lm"]]
-                else:
-                    res.update({"cosine_recovered": [c["embedding_preservation"]["embedding_cossim_score"] for c in core],
-                                "mse_recovered": [c["embedding_preservation"]["embedding_mse_score"] for c in core]})
-                atomic_write_json(done, res)
-                results.append(res)
+    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+        src = ActivationSource(model, tok, replace(acfg, seed=seed), texts=train_texts, cache_dir=cache)
+        cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
+                        reinit=reinit, rematch_every=exp.rematch_every, alpha=alpha,
+                        inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
+                        optimizer=exp.optimizer, auxk_alpha=exp.auxk_alpha,
+                        inactivity_measure=exp.inactivity_measure, seed=2000 + seed)
+        trainer = MfrTrainer(held.shape[1], cfg, device=device, model_name=canonical_model_name(exp.model),
+                             hook_point=exp.hook_point)
+        trainer.load_checkpoint(run_dir)  # resumes weights and optimiser; the data stream restarts
+        t0 = time.time()
+        trainer.fit(iter(src), exp.steps, quiet=quiet, checkpoint_dir=run_dir,
+                    checkpoint_every=max(exp.steps // 4, 1), desc=f"k={k} seed={seed} {cond}")
+        fvus, rates, l0s = eval_saes(trainer, held)
+        res = {"k": k, "seed": seed, "condition": cond, "seconds": time.time() - t0, "fvu": fvus,
+               "l0": l0s, "dead_fraction": [float((r == 0).mean()) for r in rates],
+               "n_reinits": len(trainer.reinit_events), "alpha": trainer.alpha,
+               "max_inactivity": max((c["measure"] for c in trainer.checks), default=float("nan"))}
+        core = [evaluate_sae(s.cpu().eval(), model, eval_ids, special_ids=tok.all_special_ids)
+                for s in trainer.saes]
+        res["saebench_core"] = core
+        if is_lm:
+            perf = [c["model_performance_preservation"] for c in core]
+            res["loss_recovered"] = [p["ce_loss_score"] for p in perf]
+            res["lm"] = [{"ce_clean": p["ce_loss_without_sae"], "ce_spliced": p["ce_loss_with_sae"],
+                          "ce_zero": p["ce_loss_with_ablation"], "loss_recovered": p["ce_loss_score"]}
+                         for p in perf]
+            for key in ("ce_clean", "ce_spliced", "ce_zero"):
+                res[key] = [e[key] for e in res["lm"]]
+        else:
+            res.update({"cosine_recovered": [c["embedding_preservation"]["embedding_cossim_score"] for c in core],
+                        "mse_recovered": [c["embedding_preservation"]["embedding_mse_score"] for c in core]})
+        atomic_write_json(done, res)
+        results.append(res)
     keys = ["fvu", "l0", "dead_fraction", "loss_recovered", "ce_clean", "ce_spliced", "ce_zero"] if is_lm else \
         ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
     summary = summarise(results, keys)
