@@ -70,3 +70,15 @@ def test_synthetic_report_is_honest_about_a_tiny_quick_run(tmp_path):
     assert set(core) == {"reconstruction_quality", "shrinkage", "sparsity", "misc_metrics", "token_stats"}
     assert core["reconstruction_quality"]["explained_variance"] == pytest.approx(1 - m["runs"][0]["fvu"][0], rel=1e-5)
     assert np.isfinite(m["saebench_core"]["baseline"]["6"]["misc_metrics.frac_alive"])
+
+
+def test_fvu_improvement_pct_by_hand():
+    from mlpinterp.studies.mfr.analysis import fvu_improvement_pct
+
+    summary = {"baseline": {"6": {"fvu": {"mean": 0.20}}, "12": {"fvu": {"mean": 0.10}}},
+               "mfr": {"6": {"fvu": {"mean": 0.15}}},  # k = 12 missing: left out
+               "reinit": {"6": {"fvu": {"mean": 0.22}}, "12": {"fvu": {"mean": 0.10}}}}
+    got = fvu_improvement_pct(summary, (6, 12))
+    assert got.keys() == {"mfr", "reinit"}
+    assert got["mfr"] == {"6": pytest.approx(25.0)}
+    assert got["reinit"] == {"6": pytest.approx(-10.0), "12": pytest.approx(0.0)}

@@ -109,3 +109,15 @@ def core_summary(results: list[dict]) -> dict:
             out.setdefault(cond, {})[str(k)] = {key: float(np.mean(v)) for key, v in flat.items()}
     return out
 
+
+def fvu_improvement_pct(summary: dict, k_values) -> dict[str, dict[str, float]]:
+    """``{condition: {str(k): 100 * (FVU_baseline - FVU_condition) / FVU_baseline}}`` from :func:`summarise`'s
+    per-condition, per-k means (percent; positive: the condition reconstructs better than the baseline); a k
+    missing in either is left out, and the baseline has no entry."""
+    improvement: dict[str, dict[str, float]] = {}
+    for cond in summary:
+        for k in k_values:
+            b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
+            if cond != "baseline" and b and m:
+                improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
+    return improvement

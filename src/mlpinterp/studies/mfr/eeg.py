@@ -24,7 +24,7 @@ from mlpinterp.data.eeg import load_eeg
 from mlpinterp.sae.core_metrics import core_metrics
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.topk import SaeConfig
-from mlpinterp.studies.mfr.analysis import core_summary, run_kind, summarise, verdicts
+from mlpinterp.studies.mfr.analysis import core_summary, fvu_improvement_pct, run_kind, summarise, verdicts
 from mlpinterp.studies.mfr.figures import figures_summary
 from mlpinterp.studies.mfr.report import write_mfr_report
 from mlpinterp.studies.mfr.run import eval_saes, open_mfr_run, pending_runs
@@ -89,12 +89,7 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
         atomic_write_json(done, res)
         results.append(res)
     summary = summarise(results, ["fvu", "l0", "dead_fraction"])
-    improvement: dict[str, dict[str, float]] = {}
-    for cond in summary:
-        for k in exp.k_values:
-            b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
-            if cond != "baseline" and b and m:
-                improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
+    improvement = fvu_improvement_pct(summary, exp.k_values)
     rates = [r["train_vectors_per_second"] for r in results
              if isinstance(r.get("train_vectors_per_second"), (int, float)) and np.isfinite(r["train_vectors_per_second"])]
     metrics = {"setting": "eeg", "experiment": json.loads(json.dumps(asdict(exp))), "run_kind": run_kind(exp),

@@ -39,7 +39,7 @@ from mlpinterp.sae.metrics import firing_counts, mmcs
 from mlpinterp.sae.mfr import MfrConfig, MfrTrainer
 from mlpinterp.sae.synthetic import SyntheticConfig, SyntheticData
 from mlpinterp.sae.topk import SaeConfig
-from mlpinterp.studies.mfr.analysis import core_summary, run_kind, summarise, verdicts
+from mlpinterp.studies.mfr.analysis import core_summary, fvu_improvement_pct, run_kind, summarise, verdicts
 from mlpinterp.studies.mfr.figures import figures_summary, figures_synthetic, summary_png
 from mlpinterp.studies.mfr.report import write_mfr_report
 from mlpinterp.studies.mfr.settings import (
@@ -246,12 +246,7 @@ def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, dev
     keys = ["fvu", "l0", "dead_fraction", "loss_recovered", "ce_clean", "ce_spliced", "ce_zero"] if is_lm else \
         ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
     summary = summarise(results, keys)
-    improvement: dict[str, dict[str, float]] = {}
-    for cond in summary:
-        for k in exp.k_values:
-            b, m = summary.get("baseline", {}).get(str(k)), summary[cond].get(str(k))
-            if cond != "baseline" and b and m:
-                improvement.setdefault(cond, {})[str(k)] = 100 * (b["fvu"]["mean"] - m["fvu"]["mean"]) / b["fvu"]["mean"]
+    improvement = fvu_improvement_pct(summary, exp.k_values)
     metrics = {"setting": "lm" if is_lm else exp.model, "model": exp.model, "hook_point": exp.hook_point,
                "experiment": asdict(exp), "run_kind": run_kind(exp), "paper": PAPER,
                "runs": results, "summary": summary, "improvement_pct": improvement,
