@@ -13,8 +13,11 @@ from mlpinterp.studies.three_spaces.directions import (
     abs_cosines,
     baseline,
     match,
+    on_support,
     random_gaussian,
     random_isotropic,
+    random_on_support,
+    support_basis,
 )
 
 
@@ -91,6 +94,54 @@ def test_widths_must_agree_and_cov_must_be_psd():
         random_gaussian(np.diag([1.0, -1.0]), 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="n_draws"):
         baseline(np.eye(2), 1, lambda c, g: random_isotropic(2, c, g), threshold=0.5, n_draws=1)
+
+
+def test_support_projection_by_hand():
+    # inputs on span(e1, e2) of R^4: the support is that plane; (1, 0, 1, 0) projects to (1, 0, 0, 0), half its
+    # squared norm on the support; (0, 3, 0, 4) to (0, 3, 0, 0), 9/25 of it
+    rng = np.random.default_rng(0)
+    X = np.zeros((500, 4))
+    X[:, :2] = rng.standard_normal((500, 2)) * [3.0, 0.5]
+    B = support_basis(np.cov(X, rowvar=False))
+    assert B.shape == (2, 4)
+    np.testing.assert_allclose(B @ B.T, np.eye(2), atol=1e-12)
+    np.testing.assert_allclose(np.abs(B[:, 2:]), 0.0, atol=1e-12)
+    P, share = on_support(np.array([[1.0, 0, 1, 0], [0, 3.0, 0, 4]]), B, "D")
+    np.testing.assert_allclose(P, [[1.0, 0, 0, 0], [0, 3.0, 0, 0]], atol=1e-12)
+    np.testing.assert_allclose(share, [0.5, 9 / 25], atol=1e-12)
+    # the cosine to a direction on the support rises from 1/sqrt(2) to 1 once the off-support part is dropped
+    assert match(np.array([[1.0, 0, 0, 0]]), P[:1]).mmcs == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match="no component on the inputs' support"):
+        on_support(np.array([[0, 0, 1.0, 0]]), B, "spd")
+    with pytest.raises(ValueError, match=r"basis must be \[r, d = 3\]"):
+        on_support(np.ones((1, 3)), B, "spd")
+    with pytest.raises(ValueError, match="cov is zero"):
+        support_basis(np.zeros((3, 3)))
+
+
+def test_random_on_support_is_isotropic_in_the_support():
+    # uniform on the unit sphere of an r-dimensional subspace of R^d: E|cos| to a unit vector in the subspace is the
+    # isotropic value of R^r, Gamma(r/2) / (sqrt(pi) Gamma((r+1)/2)), not that of R^d
+    from math import gamma, pi, sqrt
+
+    r, d = 5, 40
+    B = _orthonormal(r, d, seed=4)
+    X = random_on_support(B, 7, np.random.default_rng(0))
+    np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(X @ B.T @ B, X, atol=1e-12)
+    b = baseline(B[:1], 1, lambda c, g: random_on_support(B, c, g), threshold=0.9, n_draws=4000, seed=3)
+    expected = gamma(r / 2) / (sqrt(pi) * gamma((r + 1) / 2))
+    assert abs(b.mmcs_mean - expected) < 4 * b.mmcs_se
+    assert abs(b.mmcs_mean - gamma(d / 2) / (sqrt(pi) * gamma((d + 1) / 2))) > 20 * b.mmcs_se
+
+
+def test_mmcs_standard_error_over_the_reference_directions():
+    ref = np.eye(3)
+    cand = np.array([[1.0, 0, 0], [0, 1.0, 1.0]])  # max |cos|: 1, 1/sqrt2, 1/sqrt2
+    m = match(ref, cand)
+    c = np.array([1.0, 1 / np.sqrt(2), 1 / np.sqrt(2)])
+    assert m.mmcs_se == pytest.approx(c.std(ddof=1) / np.sqrt(3), abs=1e-12)
+    assert np.isnan(match(ref[:1], cand).mmcs_se)
 
 
 def _readout_poly(p: RidgePolynomial, R: np.ndarray) -> RidgePolynomial:

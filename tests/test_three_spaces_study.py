@@ -160,7 +160,7 @@ def test_full_report_states_findings_and_no_smoke_warning():
     from mlpinterp.studies.three_spaces.report import pairwise_table, truth_table
 
     def entry(mmcs, rec, rm):
-        return {"mmcs": mmcs, "recovered": rec, "distinct": rec, "count": 10, "max_cos": [0.0] * 10,
+        return {"mmcs": mmcs, "mmcs_se": 0.02, "recovered": rec, "distinct": rec, "count": 10, "max_cos": [0.0] * 10,
                 "random": {"mmcs": rm, "mmcs_se": 0.01, "recovered": 0.0}}
 
     per = [{"truth": {"quadratic": entry(0.95, 9, 0.2), "sae": entry(0.5, 2, 0.2)},
@@ -169,6 +169,57 @@ def test_full_report_states_findings_and_no_smoke_warning():
                          "sae": {"quadratic": {"mmcs": 0.305, "count_a": 10, "count_b": 10,
                                                "random": {"mmcs": 0.3, "mmcs_se": 0.01}}}}}]
     table, lines = truth_table(per)
-    assert "quadratic eigen-features recover 9.0 of 10 true features" in lines[0] and "| 0.950 |" in table
+    # one seed: the MMCS with its s.e. over the true features
+    assert "quadratic eigen-features recover 9.0 of 10 true features" in lines[0] and "| 0.950 ± 0.020 |" in table
     _, above, not_above = pairwise_table(per)
     assert above == ["quadratic → sae (0.900 vs 0.300)"] and not_above == ["sae → quadratic (0.305 vs 0.300)"]
+
+
+def test_seed_results_are_cached_per_seed_and_recomputed_for_another_budget(tmp_path, monkeypatch):
+    import pytest
+
+    from mlpinterp.studies.three_spaces import run, settings
+
+    calls = []
+
+    def fake(setting, seed, pre, out, quick, quiet):
+        calls.append((setting, seed, pre.sae_steps))
+        return {"seed": seed, "x": float("nan"), "steps": pre.sae_steps}
+
+    monkeypatch.setattr(run, "_toy_seed", fake)
+    first = run.seed_result("tms-5-2", 1, tmp_path, quick=True)
+    again = run.seed_result("tms-5-2", 1, tmp_path, quick=True)
+    assert calls == [("tms-5-2", 1, settings.PRESETS["tms-5-2"]["quick"].sae_steps)]
+    assert first == again == {"seed": 1, "x": None, "steps": calls[0][2]}  # as read back: nan is null
+    assert (tmp_path / "seeds" / "seed_1.json").is_file()
+    _tiny(monkeypatch)  # another budget: the cached seed is not reused
+    assert run.seed_result("tms-5-2", 1, tmp_path, quick=True)["steps"] == 30 and len(calls) == 2
+    run.seed_result("tms-5-2", 0, tmp_path, quick=True)  # another seed: its own file
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="setting must be one of"):
+        run.seed_result("minilm", 0, tmp_path)
+
+
+def test_spd_per_feature_counts_on_hand_built_importances(monkeypatch):
+    from mlpinterp.spd import metrics
+    from mlpinterp.studies.three_spaces import run
+
+    # features 0 and 1 each with one subcomponent of their own, feature 2 with two, feature 3 with none
+    ci = torch.tensor([[0.9, 0.0, 0.0, 0.05, 0, 0], [0, 1.0, 0, 0, 0, 0], [0, 0.5, 0.2, 0, 0, 0], [0.0] * 6])
+
+    class Blk:
+        spd_model, spd_input_site = None, "layers.0.mlp_in"
+
+    seen = {}
+
+    def fake(model, dec, n_features, value):
+        seen.update(n=n_features, value=value)
+        return {"layers.0.mlp_in": ci, "layers.0.mlp_out": torch.ones(4, 6)}
+
+    monkeypatch.setattr(metrics, "one_hot_importances", fake)
+    r = run._spd_per_feature(Blk(), None, 4)
+    assert seen == {"n": 4, "value": 0.75}
+    assert r["features_with_one_subcomponent"] == 2 and r["distinct_owners"] == 2 and r["site"] == "layers.0.mlp_in"
+    # identity pattern: feature 0 ok (0.9 >= 0.9), feature 1 ok, feature 2: assigned 0.2 < 0.9 and 0.5 > 0.1 off
+    # the assignment, feature 3: its assigned entry 0 < 0.9
+    assert r["identity_ci_error"] == 3

@@ -10,6 +10,13 @@ singular vector and a rank-one subcomponent are each defined up to sign), so eve
 - :func:`random_isotropic` / :func:`random_gaussian`: random direction sets of a given count, uniform on the sphere
   (the baseline against ground truth) or drawn from ``N(0, cov)`` (the baseline between two methods reading the
   same data: random directions that live where the data live).
+- :func:`support_basis` / :func:`on_support`: the support of the inputs (the range of their covariance) and a
+  direction set projected onto it. A direction's component outside the support never meets an input, so no
+  data-driven loss sees it: SPD's ``V_c`` keep it from their random initialisation (the current recipe's delta
+  component leaves it unconstrained) and an SAE's decoder rows keep what their loss does not remove. Every method's
+  directions are compared on the support, where their action on the inputs lives.
+- :func:`random_on_support`: a direction set uniform on the unit sphere of the support (the baseline against ground
+  truth that lies in the support).
 - :func:`baseline`: the MMCS and recovered count of a reference set against random sets of a given count, mean and
   standard error over draws.
 
@@ -72,6 +79,11 @@ class Match:
         """Mean max ``|cos|`` over the reference directions (in ``[0, 1]``)."""
         return float(self.max_cos.mean())
 
+    @property
+    def mmcs_se(self) -> float:
+        """Standard error of :attr:`mmcs` over the reference directions (``nan`` for one direction)."""
+        return _se(self.max_cos)
+
     def recovered(self, threshold: float) -> int:
         """Reference directions whose best ``|cos|`` is at least ``threshold`` (in ``[0, 1]``)."""
         threshold = check_real(threshold, "threshold", 0.0, 1.0)
@@ -125,6 +137,55 @@ def random_gaussian(cov, count: int, rng: np.random.Generator) -> np.ndarray:
     X = rng.standard_normal((count, int(keep.sum()))) * np.sqrt(w[keep])
     X = X @ U[:, keep].T
     return X / np.linalg.norm(X, axis=1, keepdims=True)
+
+
+SUPPORT_RTOL = 1e-9
+"""Eigenvalues of the input covariance below ``1e-9`` times its largest are outside the support."""
+
+
+def support_basis(cov, rtol: float = SUPPORT_RTOL) -> np.ndarray:
+    """Orthonormal rows ``[r, d]`` spanning the range of ``cov [d, d]`` (symmetric positive semi-definite): the
+    eigenvectors with eigenvalue above ``rtol`` times the largest.
+
+    Raises ``ValueError`` for a ``cov`` that is not square or symmetric, or is zero.
+    """
+    rtol = check_real(rtol, "rtol", 0.0, 1.0)
+    S = to_numpy(cov, "cov")
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1:
+        raise ValueError(f"cov must be a square matrix [d, d], got shape {list(S.shape)}")
+    scale = float(np.abs(S).max())
+    if scale == 0:
+        raise ValueError("cov is zero: the inputs have no support")
+    if not np.allclose(S, S.T, rtol=0, atol=1e-10 * scale):
+        raise ValueError("cov must be symmetric")
+    w, U = np.linalg.eigh(S)
+    return U[:, w > rtol * w.max()].T.copy()
+
+
+def on_support(D, basis: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(P D, share)``: the rows of ``D [n, d]`` projected onto the span of ``basis [r, d]`` (orthonormal rows) and
+    the share of each row's squared norm that lies there (``[n]`` in ``[0, 1]``).
+
+    Raises ``ValueError`` naming ``name`` for a bad direction set, a width other than the basis's, or a row with no
+    component on the support (it has no direction there).
+    """
+    D = direction_set(D, name)
+    B = to_numpy(basis, "basis")
+    if B.ndim != 2 or B.shape[1] != D.shape[1]:
+        raise ValueError(f"basis must be [r, d = {D.shape[1]}] (the width of {name}), got shape {list(B.shape)}")
+    P = (D @ B.T) @ B
+    share = (P**2).sum(1) / (D**2).sum(1)
+    if np.any(share <= 1e-24):
+        raise ValueError(f"{name} has rows {np.flatnonzero(share <= 1e-24)[:10].tolist()} with no component on the "
+                         "inputs' support: no direction there")
+    return P, share
+
+
+def random_on_support(basis: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` directions uniform on the unit sphere of the span of ``basis [r, d]`` (orthonormal rows):
+    ``[count, d]`` unit rows."""
+    B = to_numpy(basis, "basis")
+    return random_isotropic(B.shape[0], count, rng) @ B
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,30 @@ from mlpinterp.studies.three_spaces import figures as figs
 from mlpinterp.studies.three_spaces.settings import METHOD_LABELS, METHODS, RECOVERED_COSINE, TOYS
 
 ABOVE_RANDOM_SE = 3.0
-"""A pairwise MMCS counts as above its random baseline when it exceeds the baseline's mean by more than 3 standard
-errors of that mean (over the baseline's draws, seeds pooled)."""
+"""A pairwise MMCS counts as above its random baseline when it exceeds the baseline's mean by more than 3 combined
+standard errors: the MMCS's (over seeds, or over the reference directions for one seed) and the baseline's (over its
+draws, seeds pooled), in quadrature."""
 
 
 def mean_se(values, fmt: str) -> str:
     """``"m ± s.e."`` over seeds (``"m"`` for one seed; the report states n once)."""
     values = list(values)
     return summary(values).format(fmt, spread="se", n=len(values)).replace(f" (s.e., n = {len(values)})", "")
+
+
+def mmcs_mean_se(entries: list[dict]) -> tuple[float, float]:
+    """Mean MMCS and its s.e.: over seeds for several, over the reference directions (``mmcs_se``) for one (0 when
+    not recorded)."""
+    v = [x["mmcs"] for x in entries]
+    if len(v) > 1:
+        return float(np.mean(v)), float(np.std(v, ddof=1) / np.sqrt(len(v)))
+    se = entries[0].get("mmcs_se")
+    return float(v[0]), float(se) if se is not None and np.isfinite(se) else 0.0
+
+
+def _mmcs_cell(entries: list[dict]) -> str:
+    m, se = mmcs_mean_se(entries)
+    return f"{m:.3f} ± {se:.3f}"
 
 
 def _pooled_se(values: list[float]) -> float:
@@ -35,7 +51,7 @@ def truth_table(per: list[dict]) -> tuple[str, list[str]]:
     rows, lines = [], []
     for m in names:
         t = [s["truth"][m] for s in per]
-        rows.append([METHOD_LABELS[m], mean_se([x["count"] for x in t], ".0f"), mean_se([x["mmcs"] for x in t], ".3f"),
+        rows.append([METHOD_LABELS[m], mean_se([x["count"] for x in t], ".0f"), _mmcs_cell(t),
                      mean_se([x["random"]["mmcs"] for x in t], ".3f"), mean_se([x["recovered"] for x in t], ".1f"),
                      mean_se([x["random"]["recovered"] for x in t], ".2f"), mean_se([x["distinct"] for x in t], ".1f")])
         rec = float(np.mean([x["recovered"] for x in t]))
@@ -43,10 +59,41 @@ def truth_table(per: list[dict]) -> tuple[str, list[str]]:
         lines.append(f"{METHOD_LABELS[m]} recover {rec:.1f} of {n_feat} true features at |cos| ≥ {RECOVERED_COSINE} "
                      f"(random sets of the same size: {rnd:.2f}); MMCS {np.mean([x['mmcs'] for x in t]):.3f} against "
                      f"{np.mean([x['random']['mmcs'] for x in t]):.3f} at random.")
-    head = ["method", "directions", "MMCS to truth", "random MMCS (isotropic, same count)",
+    head = ["method", "directions", "MMCS to truth (± s.e.)", "random MMCS (uniform on the support, same count)",
             f"features recovered (|cos| ≥ {RECOVERED_COSINE}, of {n_feat})", "random recovered",
             "distinct directions recovering"]
     return md_table(head, rows), lines
+
+
+def spd_per_feature_line(per: list[dict]) -> str | None:
+    """The SPD paper's resid-MLP criterion (features with exactly one causally important input-site subcomponent on
+    their one-hot input), over seeds; None when the run has no such count."""
+    if "per_feature" not in per[0]["parameter"]:
+        return None
+    f = [s["parameter"]["per_feature"] for s in per]
+    n = f[0]["n_features"]
+    one = [x["features_with_one_subcomponent"] for x in f]
+    return (f"SPD's {f[0]['site']} (the SPD paper's criterion, one-hot inputs 0.75 e_i): "
+            f"{mean_se(one, '.1f')} of {n} features have exactly one causally important subcomponent "
+            f"(per seed: {', '.join(str(v) for v in one)}; {sum(v == n for v in one)} of {len(one)} seeds all {n}); "
+            f"distinct owners {', '.join(str(x['distinct_owners']) for x in f)}; identity-pattern errors "
+            f"{', '.join(str(x['identity_ci_error']) for x in f)}.")
+
+
+def recovery_summary(per: list[dict], share: float = 0.9) -> list[str]:
+    """Plain sentences: which methods recover at least ``share`` of the true features on average, which do not."""
+    names = [m for m in METHODS if m in per[0]["truth"]]
+    n_feat = len(per[0]["truth"][names[0]]["max_cos"])
+    rec = {m: float(np.mean([s["truth"][m]["recovered"] for s in per])) for m in names}
+    yes = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] >= share * n_feat]
+    no = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] < share * n_feat]
+    out = []
+    if yes:
+        out.append(f"Recover the planted features (at least {share:.0%} of {n_feat} at |cos| ≥ {RECOVERED_COSINE}, "
+                   f"mean over seeds): {', '.join(yes)}.")
+    if no:
+        out.append(f"Do not: {', '.join(no)}.")
+    return out
 
 
 def pairwise_table(per: list[dict]) -> tuple[str, list[str], list[str]]:
@@ -58,15 +105,17 @@ def pairwise_table(per: list[dict]) -> tuple[str, list[str], list[str]]:
             if a == b:
                 continue
             p = [s["pairwise"][a][b] for s in per]
-            mm = float(np.mean([x["mmcs"] for x in p]))
+            mm, mse = mmcs_mean_se(p)
             rm = float(np.mean([x["random"]["mmcs"] for x in p]))
             rse = _pooled_se([x["random"]["mmcs_se"] for x in p])
-            ok = mm > rm + ABOVE_RANDOM_SE * rse
+            ok = mm - rm > ABOVE_RANDOM_SE * float(np.hypot(mse, rse))
             (above if ok else not_above).append(f"{a} → {b} ({mm:.3f} vs {rm:.3f})")
-            rows.append([f"{a} → {b}", f"{p[0]['count_a']} → {p[0]['count_b']}", mean_se([x["mmcs"] for x in p], ".3f"),
+            rows.append([f"{a} → {b}", f"{p[0]['count_a']} → {p[0]['count_b']}", f"{mm:.3f} ± {mse:.3f}",
                          f"{rm:.3f} ± {rse:.3f}", "yes" if ok else "no"])
-    head = ["reference → candidates", "directions", "MMCS (mean over the reference's directions)",
-            "random from the input covariance (± s.e. over draws)", f"above random (> {ABOVE_RANDOM_SE:g} s.e.)"]
+    spread = "s.e. over seeds" if len(per) > 1 else "s.e. over the reference's directions"
+    head = ["reference → candidates", "directions", f"MMCS (mean over the reference's directions; ± {spread})",
+            "random from the input covariance (± s.e. over draws)",
+            f"above random (difference > {ABOVE_RANDOM_SE:g} combined s.e.)"]
     return md_table(head, rows), above, not_above
 
 
@@ -124,8 +173,14 @@ def write(out: Path, results: dict) -> list[str]:
     made["faithfulness"] = figs.plot_faithfulness(per, fig_dir / "faithfulness.png")
     pair, above, not_above = pairwise_table(per)
     truth, truth_lines = truth_table(per) if toy else (None, [])
+    spd_line = spd_per_feature_line(per)
+    support = [s.get("support_dim") for s in per]
+    shares = {m: float(np.mean([s["share_on_support"][m]["mean"] for s in per])) for m in per[0].get(
+        "share_on_support", {})}
     ctx = {"r": results, "quick": results["preset"] == "quick", "toy": toy, "n": len(per),
-           "truth_table": truth, "truth_lines": truth_lines, "pairwise_table": pair, "above": above,
+           "truth_table": truth, "truth_lines": truth_lines, "pairwise_table": pair, "spd_line": spd_line,
+           "recovery": recovery_summary(per) if toy else [], "support_dim": support[0],
+           "shares": ", ".join(f"{METHOD_LABELS[m]} {v:.2f}" for m, v in shares.items()), "above": above,
            "not_above": not_above, "faithfulness_table": faithfulness_table(per),
            "downstream_table": downstream_table(per), "block": per[0]["block"], "methods": METHOD_LABELS,
            "chosen": sorted({s["function"]["chosen"] for s in per}), "threshold": RECOVERED_COSINE,

@@ -9,6 +9,7 @@ for transformers, the downstream effect of each replacing the block. Writes ``re
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
@@ -20,10 +21,11 @@ import torch
 from mlpinterp.studies.three_spaces.activation_space import activation_space
 from mlpinterp.studies.three_spaces.block import Block, toy_block, transformer_block
 from mlpinterp.studies.three_spaces.compare import against_truth, pairwise
+from mlpinterp.studies.three_spaces.directions import on_support, support_basis
 from mlpinterp.studies.three_spaces.function_space import function_space
 from mlpinterp.studies.three_spaces.parameter_space import parameter_space
 from mlpinterp.studies.three_spaces.settings import DEFAULT_LAYER, SETTINGS, TOYS, Preset, preset
-from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.validation import check_bool, check_int
 
 
@@ -56,11 +58,32 @@ def _decompose(block: Block, pre: Preset, spd_cfg, seed: int, quiet: bool) -> tu
 
 
 def _compare(block: Block, sets: dict, seed: int) -> dict:
+    """Every set projected onto the held-out inputs' support (:func:`directions.on_support`), then compared."""
     cov = np.cov(block.X_test, rowvar=False).reshape(block.network.d_in, block.network.d_in)
-    res = {"pairwise": pairwise(sets, cov, seed=seed), "counts": {k: int(v.shape[0]) for k, v in sets.items()}}
+    basis = support_basis(cov)
+    proj, share = {}, {}
+    for k, v in sets.items():
+        proj[k], sh = on_support(v, basis, k)
+        share[k] = {"mean": float(sh.mean()), "min": float(sh.min())}
+    res = {"pairwise": pairwise(proj, cov, seed=seed), "counts": {k: int(v.shape[0]) for k, v in sets.items()},
+           "support_dim": int(basis.shape[0]), "share_on_support": share}
     if block.truth is not None:
-        res["truth"] = against_truth(block.truth, sets, seed=seed)
+        res["truth"] = against_truth(block.truth, proj, seed=seed, support=basis)
     return res
+
+
+def _spd_per_feature(block: Block, dec, n_features: int) -> dict:
+    """The SPD paper's resid-MLP criterion on the input site: causal importances on the one-hot inputs
+    ``0.75 e_i``; features with exactly one subcomponent above the alive threshold, distinct such owners, and the
+    identity-pattern errors (:func:`mlpinterp.spd.metrics.identity_ci_error`)."""
+    from mlpinterp.spd.metrics import ONE_HOT_VALUE, identity_ci_error, one_hot_importances, responsible_sets
+
+    ci1 = one_hot_importances(block.spd_model, dec, n_features, ONE_HOT_VALUE)[block.spd_input_site]
+    sets = responsible_sets(ci1)
+    owners = [int(r[0]) for r in sets if len(r) == 1]
+    return {"site": block.spd_input_site, "n_features": n_features,
+            "features_with_one_subcomponent": int(sum(len(r) == 1 for r in sets)),
+            "distinct_owners": len(set(owners)), "identity_ci_error": identity_ci_error(ci1)}
 
 
 def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quiet: bool) -> dict:
@@ -72,10 +95,39 @@ def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quie
     block = toy_block(setting, toy, model, setting_spec(setting).sample, seed, pre.n_fit, pre.n_test)
     cfg = spd_config(setting, pre.spd_preset == "quick", seed, recipe=default_recipe(setting), **pre.spd)
     meas, sets = _decompose(block, pre, cfg, seed, quiet)
-    meas.pop("_objects")
+    objects = meas.pop("_objects")
+    if setting == "resid-mlp-1":
+        meas["parameter"]["per_feature"] = _spd_per_feature(block, objects["decomposition"], block.truth.shape[0])
     return {"seed": seed, "target_loss": info.get("loss"), "block": block.info, **meas, **_compare(block, sets, seed),
             "directions": {k: v.tolist() for k, v in sets.items()} if block.network.d_in <= 16 else None,
             "truth_directions": block.truth.tolist() if block.network.d_in <= 16 else None}
+
+
+def seed_result(setting: str, seed: int, out: str | os.PathLike, *, quick: bool = False, quiet: bool = True) -> dict:
+    """One seed of a toy setting: read from ``out/seeds/seed_{seed}.json`` when a finished run of the same setting
+    and budget left it there, else computed and written there (atomically). A resumed study skips its finished
+    seeds, and seeds may be computed by separate processes into one ``out`` before ``reproduce`` reports them.
+
+    Raises ``ValueError`` for a setting that is not a toy (:data:`TOYS`) or a negative seed, and what the
+    decompositions raise.
+    """
+    if setting not in TOYS:
+        raise ValueError(f"setting must be one of {TOYS} (the toys; the transformer settings share one capture), "
+                         f"got {setting!r}")
+    seed = check_int(seed, "seed", minimum=0)
+    check_bool(quick, "quick")
+    out = Path(out)
+    pre = preset(setting, quick)
+    key = {"setting": setting, "quick": quick, "budget": json.loads(json.dumps(vars(pre)))}
+    path = out / "seeds" / f"seed_{seed}.json"
+    if path.is_file():
+        saved = read_json(path)
+        if saved.get("key") == key:
+            return saved["result"]
+    res = _toy_seed(setting, seed, pre, out, quick, quiet)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"key": key, "result": res})
+    return read_json(path)["result"]  # as a resumed run reads it (non-finite values as None)
 
 
 def _lm_model(setting: str, model: str | None, pre: Preset, out: Path, quiet: bool, text_dir):
@@ -206,7 +258,8 @@ def _reproduce(setting: str, out: Path, pre: Preset, quick: bool, seeds: int, la
                ) -> dict:
     t0, c0 = time.perf_counter(), _cpu_seconds()
     if setting in TOYS:
-        per, ctx = [_toy_seed(setting, s, pre, out, quick, quiet) for s in range(seeds)], {}
+        per = [seed_result(setting, s, out, quick=quick, quiet=quiet) for s in range(seeds)]
+        ctx = {}
     else:
         per, ctx = _transformer_seeds(setting, seeds, pre, out, layer, model, quiet, text_dir)
     results = {"study": "three-spaces", "setting": setting, "preset": "quick" if quick else "full", "seeds": seeds,
