@@ -19,14 +19,16 @@ from mlpinterp.spd.train import SPDConfig, decompose
 from mlpinterp.studies.three_spaces.block import Block
 
 
-def parameter_space(block: Block, cfg: SPDConfig, *, quiet: bool = True) -> dict:
+def parameter_space(block: Block, cfg: SPDConfig, *, quiet: bool = True, out_dir=None) -> dict:
     """Decompose ``block.spd_model`` with SPD (``cfg``) and read it: ``{"directions": {"spd": [n_alive, d_in]},
-    "alive": {site: int}, "ci_l0": {site: float}, "fvu", "fvu_se", "seconds", "config"}``.
+    "alive": {site: int}, "ci_l0": {site: float}, "fvu", "fvu_se", "seconds", "config"}``. With ``out_dir``, SPD
+    checkpoints there every ``cfg.checkpoint_every`` steps and resumes from it (:func:`mlpinterp.spd.train.decompose`).
 
     Raises ``ValueError`` when no subcomponent of the input site is alive (no direction to compare), and what
     :func:`mlpinterp.spd.train.decompose` raises.
     """
-    res = decompose(block.spd_model, lambda step: block.spd_sample(step, cfg.batch_size), cfg, quiet=quiet)
+    res = decompose(block.spd_model, lambda step: block.spd_sample(step, cfg.batch_size), cfg, out_dir=out_dir,
+                    quiet=quiet)
     dec = res.decomposition
     model = block.spd_model
     dtype = next(dec.parameters()).dtype

@@ -35,18 +35,19 @@ def _cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def _decompose(block: Block, pre: Preset, spd_cfg, seed: int, quiet: bool) -> tuple[dict, dict]:
-    """The three decompositions of ``block``: ``(measurements, {method: directions})``."""
+def _decompose(block: Block, pre: Preset, spd_cfg, seed: int, quiet: bool, spd_dir: Path) -> tuple[dict, dict]:
+    """The three decompositions of ``block``: ``(measurements, {method: directions})``; SPD checkpoints in
+    ``spd_dir`` (an interrupted run resumes there)."""
     t = {}
     t0 = time.perf_counter()
     fs = function_space(block)
     t["function"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ps = parameter_space(block, spd_cfg, quiet=quiet)
+    ps = parameter_space(block, spd_cfg, quiet=quiet, out_dir=spd_dir)
     t["parameter"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     acts = activation_space(block, d_sae=pre.sae_d_sae, k=pre.sae_k, steps=pre.sae_steps, batch_size=pre.sae_batch,
-                            seed=seed, quiet=quiet)
+                            seed=seed, quiet=quiet, **pre.sae_config)
     t["activation"] = time.perf_counter() - t0
     sets = {**fs["directions"], **ps["directions"], **acts["directions"]}
     meas = {"function": {k: v for k, v in fs.items() if k not in ("directions", "polynomial")},
@@ -94,7 +95,7 @@ def _toy_seed(setting: str, seed: int, pre: Preset, out: Path, quick: bool, quie
     toy, model, info = spd_target(setting, seed, out / "targets" / f"seed_{seed}", quick, quiet)
     block = toy_block(setting, toy, model, setting_spec(setting).sample, seed, pre.n_fit, pre.n_test)
     cfg = spd_config(setting, pre.spd_preset == "quick", seed, recipe=default_recipe(setting), **pre.spd)
-    meas, sets = _decompose(block, pre, cfg, seed, quiet)
+    meas, sets = _decompose(block, pre, cfg, seed, quiet, out / "spd" / f"seed_{seed}")
     objects = meas.pop("_objects")
     if setting == "resid-mlp-1":
         meas["parameter"]["per_feature"] = _spd_per_feature(block, objects["decomposition"], block.truth.shape[0])
@@ -213,7 +214,7 @@ def _transformer_seeds(setting: str, seeds: int, pre: Preset, out: Path, layer: 
     per = []
     for seed in range(seeds):
         cfg = SPDConfig(targets=("0", "2"), seed=seed, **pre.spd)
-        meas, sets = _decompose(block, pre, cfg, seed, quiet)
+        meas, sets = _decompose(block, pre, cfg, seed, quiet, out / "spd" / f"seed_{seed}")
         objects = meas.pop("_objects")
         down = _downstream(model, tok, site, block, objects, cap.heldout_ids[:pre.splice_sequences])
         per.append({"seed": seed, "block": block.info, **meas, **_compare(block, sets, seed), "downstream": down})

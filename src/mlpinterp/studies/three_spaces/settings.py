@@ -52,6 +52,8 @@ class Preset:
     (docs/measurements.md, "Three spaces"); SPD's 20,000 steps, not the SAE, set the run's length."""
     sae_batch: int
     """SAE batch size."""
+    sae_config: dict = field(default_factory=dict)
+    """Other :class:`~mlpinterp.sae.mfr.MfrConfig` fields of the SAE (empty: the package's default recipe)."""
     spd: dict = field(default_factory=dict)
     """SPD: the SPD study's preset of the setting at its default recipe with these fields replaced (toys), or the
     configuration fields of a block decomposition (transformers). resid-MLP-1's full preset is the SPD study's
