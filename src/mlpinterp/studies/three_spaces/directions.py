@@ -8,7 +8,7 @@ singular vector and a rank-one subcomponent are each defined up to sign), so eve
   the mean max cosine similarity (MMCS, Sharkey et al. 2022, "max" matching, not one-to-one); the number of
   reference rows whose largest ``|cos|`` reaches a threshold is the recovered count.
 - :func:`random_isotropic` / :func:`random_gaussian`: random direction sets of a given count, uniform on the sphere
-  (the baseline against ground truth) or drawn from ``N(0, cov)`` (the baseline between two methods reading the
+  or drawn from ``N(0, cov)`` (the baseline between two methods reading the
   same data: random directions that live where the data live).
 - :func:`support_basis` / :func:`on_support`: the support of the inputs (the range of their covariance) and a
   direction set projected onto it. A direction's component outside the support never meets an input, so no

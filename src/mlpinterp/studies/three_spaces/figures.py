@@ -40,7 +40,8 @@ def _bars(ax, names, ours, rand, ylabel, title, ours_label, rand_label):
 
 
 def plot_truth_mmcs(per_seed: list[dict], path: Path) -> str:
-    """Bars: each method's MMCS to the true directions (mean ± s.e. over seeds) and its isotropic random baseline."""
+    """Bars: each method's MMCS to the true directions (mean ± s.e. over seeds) and its random baseline (uniform on
+    the inputs' support)."""
     plt = _plt()
     names = [m for m in METHODS if m in per_seed[0]["truth"]]
     ours = [_ms([s["truth"][n]["mmcs"] for s in per_seed]) for n in names]
@@ -48,7 +49,7 @@ def plot_truth_mmcs(per_seed: list[dict], path: Path) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     _bars(ax, names, ours, rand, "MMCS to the true directions (|cos|)",
           f"Each method against ground truth (n = {len(per_seed)} seed{'s' * (len(per_seed) > 1)}; mean ± s.e.)",
-          "method", "random isotropic, same count")
+          "method", "random on the inputs' support, same count")
     ax.set_ylim(0, 1.05)
     return _save(fig, path)
 
@@ -62,7 +63,7 @@ def plot_recovered(per_seed: list[dict], path: Path, n_features: int) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     _bars(ax, names, ours, rand, f"true features recovered (|cos| ≥ {RECOVERED_COSINE})",
           f"Recovered features of {n_features} (n = {len(per_seed)} seed{'s' * (len(per_seed) > 1)}; mean ± s.e.)",
-          "method", "random isotropic, same count")
+          "method", "random on the inputs' support, same count")
     ax.axhline(n_features, color="k", lw=0.8, ls="--", label="all features")
     ax.set_ylim(0, n_features * 1.1)
     ax.legend(fontsize=8)
