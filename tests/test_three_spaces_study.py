@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from mlpinterp.networks import MLP
@@ -176,8 +177,6 @@ def test_full_report_states_findings_and_no_smoke_warning():
 
 
 def test_seed_results_are_cached_per_seed_and_recomputed_for_another_budget(tmp_path, monkeypatch):
-    import pytest
-
     from mlpinterp.studies.three_spaces import run, settings
 
     calls = []
@@ -223,3 +222,27 @@ def test_spd_per_feature_counts_on_hand_built_importances(monkeypatch):
     # identity pattern: feature 0 ok (0.9 >= 0.9), feature 1 ok, feature 2: assigned 0.2 < 0.9 and 0.5 > 0.1 off
     # the assignment, feature 3: its assigned entry 0 < 0.9
     assert r["identity_ci_error"] == 3
+
+
+def test_compare_reads_every_set_on_the_inputs_support():
+    from types import SimpleNamespace
+
+    from mlpinterp.studies.three_spaces import run
+
+    rng = np.random.default_rng(0)
+    X = np.zeros((400, 4))
+    X[:, :2] = rng.standard_normal((400, 2))  # inputs on span(e1, e2) of R^4
+    blk = SimpleNamespace(X_test=X, network=SimpleNamespace(d_in=4), truth=np.eye(4)[:2])
+    # each direction reads one true feature plus an off-support part of the same size: |cos| 1/sqrt2 unprojected
+    sets = {"a": np.array([[1.0, 0, 1, 0], [0, 1.0, 0, -1]]), "b": np.array([[1.0, 1.0, 0, 3.0]])}
+    assert match(blk.truth, sets["a"]).mmcs == pytest.approx(1 / np.sqrt(2), abs=1e-12)
+    r = run._compare(blk, sets, 0)
+    assert r["support_dim"] == 2 and r["counts"] == {"a": 2, "b": 1}
+    np.testing.assert_allclose(r["share_on_support"]["a"]["mean"], 0.5, atol=1e-12)
+    np.testing.assert_allclose(r["share_on_support"]["b"]["mean"], 2 / 11, atol=1e-12)
+    assert r["truth"]["a"]["mmcs"] == pytest.approx(1.0, abs=1e-12) and r["truth"]["a"]["recovered"] == 2
+    assert r["truth"]["b"]["mmcs"] == pytest.approx(1 / np.sqrt(2), abs=1e-12)  # (1, 1) in the plane
+    assert r["pairwise"]["a"]["b"]["mmcs"] == pytest.approx(1 / np.sqrt(2), abs=1e-12)
+    # the baseline draws on the plane: one random unit vector there has E|cos| = 2/pi to e1 (2/pi, not R^4's 1/2)
+    rb = r["truth"]["b"]["random"]
+    assert abs(rb["mmcs"] - 2 / np.pi) < 4 * rb["mmcs_se"] and rb["mmcs"] > 0.55
