@@ -246,3 +246,19 @@ def test_compare_reads_every_set_on_the_inputs_support():
     # the baseline draws on the plane: one random unit vector there has E|cos| = 2/pi to e1 (2/pi, not R^4's 1/2)
     rb = r["truth"]["b"]["random"]
     assert abs(rb["mmcs"] - 2 / np.pi) < 4 * rb["mmcs_se"] and rb["mmcs"] > 0.55
+
+
+def test_recovery_summary_names_who_recovers_what_and_the_disagreements():
+    from mlpinterp.studies.three_spaces.report import recovery_summary
+
+    def entry(cos):
+        return {"recovered": int((np.asarray(cos) >= 0.9).sum()), "max_cos": cos}
+
+    # 4 features; the SAE recovers all 4 on both seeds, SPD features 0-1 on seed 0 and 0-2 on seed 1
+    per = [{"truth": {"spd": entry([0.95, 0.91, 0.5, 0.2]), "sae": entry([0.99] * 4)}},
+           {"truth": {"spd": entry([0.95, 0.91, 0.92, 0.2]), "sae": entry([0.99] * 4)}}]
+    lines = recovery_summary(per)
+    assert lines[0] == ("Recover the planted features (at least 90% of the 4 true features at |cos| ≥ 0.9, mean over "
+                        "n = 2 seeds): SAE decoder directions (4.0).")
+    assert lines[1] == "Do not: SPD read directions V_c (2.5)."
+    assert lines[2].endswith("spd not sae 0.0, sae not spd 1.5.")

@@ -81,18 +81,30 @@ def spd_per_feature_line(per: list[dict]) -> str | None:
 
 
 def recovery_summary(per: list[dict], share: float = 0.9) -> list[str]:
-    """Plain sentences: which methods recover at least ``share`` of the true features on average, which do not."""
+    """Plain sentences: which methods recover at least ``share`` of the true features (mean over seeds), which do
+    not, and for each pair of methods how many features one recovers and the other does not (mean over seeds)."""
     names = [m for m in METHODS if m in per[0]["truth"]]
     n_feat = len(per[0]["truth"][names[0]]["max_cos"])
     rec = {m: float(np.mean([s["truth"][m]["recovered"] for s in per])) for m in names}
     yes = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] >= share * n_feat]
     no = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] < share * n_feat]
-    out = []
-    if yes:
-        out.append(f"Recover the planted features (at least {share:.0%} of {n_feat} at |cos| ≥ {RECOVERED_COSINE}, "
-                   f"mean over seeds): {', '.join(yes)}.")
+    where = f"at least {share:.0%} of the {n_feat} true features at |cos| ≥ {RECOVERED_COSINE}, mean over " \
+            f"n = {len(per)} seed{'s' if len(per) > 1 else ''}"
+    out = [f"Recover the planted features ({where}): {', '.join(yes)}." if yes else
+           f"No method recovers {where}."]
     if no:
-        out.append(f"Do not: {', '.join(no)}.")
+        out.append(f"{'Do not' if yes else 'Recovered'}: {', '.join(no)}.")
+    hits = {m: [np.asarray(s["truth"][m]["max_cos"]) >= RECOVERED_COSINE for s in per] for m in names}
+    diffs = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ab = float(np.mean([(x & ~y).sum() for x, y in zip(hits[a], hits[b], strict=True)]))
+            ba = float(np.mean([(y & ~x).sum() for x, y in zip(hits[a], hits[b], strict=True)]))
+            if ab or ba:
+                diffs.append(f"{a} not {b} {ab:.1f}, {b} not {a} {ba:.1f}")
+    if diffs:
+        out.append(f"Where they disagree on the truth (features recovered by one method and not the other, mean over "
+                   f"seeds): {'; '.join(diffs)}.")
     return out
 
 
