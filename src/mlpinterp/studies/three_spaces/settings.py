@@ -48,7 +48,7 @@ class Preset:
     """SAE TopK k."""
     sae_steps: int
     """SAE optimiser steps. resid-MLP-1's full preset: 3,000 at batch 1024 (3 M inputs, each feature active in about
-    30,000 of them), four times the quick preset's inputs, at which an SAE recovered all 100 features
+    30,000 of them), four times the quick preset's inputs, at which the Adam SAE recovered 99 of the 100 features
     (docs/measurements.md, "Three spaces"); SPD's 20,000 steps, not the SAE, set the run's length."""
     sae_batch: int
     """SAE batch size."""
@@ -77,7 +77,7 @@ _RESID_SAE = dict(optimizer="adam")
 """resid-MLP-1's SAE trains with Adam: the default schedule-free Signum recipe scales its lr as
 ``5e-3 / sqrt(d_sae / 2**14)``, 0.045 per coordinate at d_sae = 200, and on these 1000-wide inputs (100-dimensional
 support) its SAE ended worse than the mean (input FVU 1.72, 64 of 100 features recovered) where Adam's recovered
-all 100 at input FVU 0.026 (quick preset, seed 0; docs/measurements.md, "Three spaces")."""
+99 of 100 at input FVU 0.031 (quick preset, seed 0, the same target; docs/measurements.md, "Three spaces")."""
 
 _BLOCK_SPD = dict(d_gate=16, lr=1e-3, lr_schedule="constant", importance_minimality_coeff=1e-4, pnorm=2.0,
                   log_every=100, checkpoint_every=10**9, compile=False)
