@@ -57,7 +57,7 @@ def test_reference_rank_and_overrides():
 
 
 def test_default_fidelity_is_the_better_measured_one():
-    # issue 10, item 5: TMS 40-10 runs the reference's way by default (measured better, docs/guides/apd.md), the rest ours
+    # TMS 40-10 runs the reference's way by default (measured better, docs/measurements.md "APD"), the rest ours
     assert DEFAULT_FIDELITY == {"tms-40-10": "reference"}
     assert default_fidelity("tms-40-10") == "reference"
     for name in ("tms-5-2", "resid-mlp-1", "resid-mlp-2", "gated-trig"):

@@ -215,7 +215,7 @@ def test_checkpoint_of_an_earlier_version_resumes_and_other_behaviour_is_refused
 def test_tied_paper_era_run_lowers_losses_and_stays_tied(tms52_target):
     """The TMS preset's form (linear2 tied to linear1, the reference's paper-era initialisation): losses fall and
     linear2's subcomponents stay linear1's transposed through training. (Whether it finds the features is measured
-    at the presets' budgets, docs/guides/spd.md: a test-sized run is far from converged.)"""
+    at the presets' budgets, docs/measurements.md "SPD": a test-sized run is far from converged.)"""
     model = as_linears(tms52_target)
     cfg = _tms_cfg(steps=200, log_every=25, C=10, tied=(("linear1", "linear2"),), init="paper-era")
     res = decompose(model, lambda s: _sample(s, 512), cfg, quiet=True)

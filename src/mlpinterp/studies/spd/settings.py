@@ -22,7 +22,7 @@ APD_PAPER = {"tms-5-2": {"mmcs": (0.998, 0.000), "ml2r": (0.893, 0.004)},
 
 # TMS as the SPD reference decomposes it: linear2's subcomponents are linear1's transposed (tied), each site with its
 # own causal importances, and the reference's initialisation of the paper's time (each subcomponent the target's
-# projection on random unit directions); both measured in docs/guides/spd.md
+# projection on random unit directions); both measured in docs/measurements.md "SPD"
 _TMS = dict(C=20, d_gate=16, steps=40_000, batch_size=4096, lr=1e-3, lr_schedule="cosine",
             importance_minimality_coeff=3e-3, pnorm=1.0, log_every=500, checkpoint_every=2000, compile=True,
             tied=(("linear1", "linear2"),), init="paper-era")
@@ -86,7 +86,7 @@ _NO_CURRENT = {"resid-mlp-2": "the reference's current resid-MLP-2 recipe uses a
 def default_recipe(setting: str) -> str:
     """The recipe ``reproduce spd`` runs without ``--recipe``: ``"current"`` wherever it is implemented, ``"paper"``
     for resid-MLP-2 (the current recipe is not): the current recipe measured better across seeds wherever both ran
-    (docs/guides/spd.md, docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting."""
+    (docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting."""
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     return "paper" if setting in _NO_CURRENT else "current"
@@ -118,7 +118,7 @@ def target_fidelity(name: str) -> str:
     for TMS (lr 5e-3, constant: the SPD reference's, whatever APD's default for the setting is, TMS 40-10's being
     linear decay), ``"reference"`` for the residual MLPs (MLPs without biases, 1k steps (10k for resid-MLP-3),
     :data:`mlpinterp.toys.settings.REFERENCE_TARGET`; on the biased targets of ``"ours"`` resid-MLP-1's ``W_out``
-    splits, docs/guides/spd.md). Raises ``ValueError`` for an unknown setting (it would otherwise get
+    splits, docs/measurements.md "SPD"). Raises ``ValueError`` for an unknown setting (it would otherwise get
     ``"reference"``)."""
     if name not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
