@@ -80,7 +80,7 @@ def main() -> None:
         return
 
     from mlpinterp.lm.input_models import fit_mixture
-    from mlpinterp.poly.finetune_config import HybridConfig
+    from mlpinterp.poly.finetune_config import FinetuneConfig
     from mlpinterp.poly.projection import normal_equations, project_on_data, solve_projection
     from mlpinterp.poly.readout import Readout, RidgeBasis
     from mlpinterp.poly.readout_finetune import finetune
@@ -110,7 +110,7 @@ def main() -> None:
         print(f"block 0, mixture K = 8: EM {t_em:.1f} s (exact mixture moments not available)")
     t0 = time.perf_counter()
     start = Readout.from_closed_form(mi.fit_polynomial(s.network, g, 2), basis)
-    finetune(s.network, start, X, HybridConfig(steps=100))
+    finetune(s.network, start, X, FinetuneConfig(steps=100))
     print(f"block 0, hybrid degree 2, 100 schedule-free steps of 2,048 tokens: {time.perf_counter() - t0:.1f} s")
 
     # ratios against what a user would otherwise run

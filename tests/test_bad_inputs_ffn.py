@@ -21,7 +21,7 @@ from mlpinterp.lm.capture_config import CaptureConfig
 from mlpinterp.lm.features import output_directions, sae_alignment, unembedding_tokens
 from mlpinterp.lm.gaussianity import gaussianity
 from mlpinterp.lm.input_models import fit_gaussian, fit_mixture
-from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.finetune_config import FinetuneConfig
 from mlpinterp.poly.projection import NormalEquations, normal_equations, project_on_data, solve_projection
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.poly.readout_finetune import finetune
@@ -400,7 +400,7 @@ def test_finetune_bad_input(nets):
     net, X = nets["mlp"], nets["X"]
     ro = Readout.from_closed_form(mi.fit_polynomial(net, nets["g"], 2),
                                   RidgeBasis.from_closed_form(mi.fit_polynomial(net, nets["g"], 2), nets["g"]))
-    cfg = HybridConfig(steps=2, batch_size=32)
+    cfg = FinetuneConfig(steps=2, batch_size=32)
     for X_val in (X[:1], np.ones((10, D))):
         with pytest.raises(ValueError, match="X_val must hold >= 2 inputs on which"):  # was ZeroDivisionError
             finetune(net, ro, X, cfg, X_val=X_val)
@@ -413,7 +413,7 @@ def test_finetune_bad_input(nets):
     other = mi.MLP(np.ones((H, D)), np.zeros(H), np.ones((O + 1, H)), np.zeros(O + 1), "relu")
     with pytest.raises(ValueError, match="start maps d_in=5 -> d_out=3"):  # was a torch size-mismatch error
         finetune(other, ro, X, cfg)
-    with pytest.raises(TypeError, match="cfg must be a HybridConfig"):
+    with pytest.raises(TypeError, match="cfg must be a FinetuneConfig"):
         finetune(net, ro, X, {"steps": 2})
     a = finetune(net, ro, torch.tensor(X, dtype=torch.float32, requires_grad=True), cfg)  # torch was refused
     b = finetune(net, ro, X.astype(np.float32), cfg)

@@ -9,7 +9,7 @@ import torch
 import mlpinterp as mi
 from mlpinterp.lm.features import eigen_features, output_directions, sae_alignment, unembedding_tokens
 from mlpinterp.lm.gaussianity import gaussianity
-from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.finetune_config import FinetuneConfig
 from mlpinterp.poly.projection import project_on_data
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.poly.readout_finetune import ReadoutModule, finetune
@@ -49,7 +49,7 @@ def test_hybrid_improves_on_the_closed_form_and_is_seeded(kind):
     net, g, X = _setup(kind)
     p = mi.fit_polynomial(net, g, 2)
     start = Readout.from_closed_form(p, RidgeBasis.from_closed_form(p, g))
-    cfg = HybridConfig(steps=150, batch_size=256, lr=3e-3, warmup_steps=10, eval_every=50)
+    cfg = FinetuneConfig(steps=150, batch_size=256, lr=3e-3, warmup_steps=10, eval_every=50)
     r1 = finetune(net, start, X[:5000], cfg, X_val=X[5000:])
     r2 = finetune(net, start, X[:5000], cfg, X_val=X[5000:])
     h = [e["fvu_val"] for e in r1.history]
@@ -59,7 +59,7 @@ def test_hybrid_improves_on_the_closed_form_and_is_seeded(kind):
     np.testing.assert_array_equal(r1.readout.coefficients_matrix(), r2.readout.coefficients_matrix())
     assert not np.array_equal(r1.readout.basis.A, start.basis.A)  # directions move too
     with pytest.raises(ValueError, match="lr"):
-        HybridConfig(lr=0)
+        FinetuneConfig(lr=0)
     with pytest.raises(ValueError, match="X_fit must have shape"):
         finetune(net, start, X[:, :3], cfg)
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from mlpinterp.cli.main import app  # noqa: E402
 from mlpinterp.lm.capture_config import CaptureConfig
-from mlpinterp.poly.finetune_config import HybridConfig  # noqa: E402
+from mlpinterp.poly.finetune_config import FinetuneConfig  # noqa: E402
 from mlpinterp.studies.transformer.run import run_transformer  # noqa: E402
 from mlpinterp.studies.transformer.settings import TransformerExperiment  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tiny_llama, tokenizer  # noqa: E402
@@ -30,7 +30,7 @@ def _exp(model, **kw):
     base = dict(model=model, degrees=(1, 2), capture=CaptureConfig(ctx_len=16, seq_batch=8, max_tokens=1500,
                                                                      keep_fit=1500, passage_chunks=2),
                 mixture_components=2, mixture_fit_samples=500,
-                hybrid=HybridConfig(steps=5, batch_size=64, eval_every=5), splice_sequences=4, n_output_dirs=2,
+                hybrid=FinetuneConfig(steps=5, batch_size=64, eval_every=5), splice_sequences=4, n_output_dirs=2,
                 n_eigen=3, run="quick")
     base.update(kw)
     return TransformerExperiment(**base)
@@ -82,7 +82,8 @@ def test_reproduce_transformer_end_to_end(tmp_path, family):
 
 
 def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_time(tmp_path, monkeypatch):
-    """A config.json written before ``saes`` existed (its key absent) resumes, reusing the capture and the finished
+    """A config.json written before ``saes`` and the fine-tune's ``optimizer`` / ``momentum`` existed (their keys
+    absent) resumes, reusing the capture and the finished
     block, when the request asks for no SAE alignment (the behaviour of that time), and is refused naming the field
     when it asks for one."""
     import mlpinterp.studies.transformer.report as report
@@ -94,7 +95,11 @@ def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_
     exp = _exp(model, layers=(1,), input_models=("gaussian", "data"))
     first = run_transformer(out, exp, quiet=True, texts=TEXTS)
     saved = json.loads((out / "config.json").read_text())
-    assert {k: saved.pop(k) for k in ADDED_FIELDS} == {"saes": []}  # as an earlier version wrote it
+    popped = {}
+    for k in ADDED_FIELDS:  # as an earlier version wrote it ("hybrid.optimizer": a field of the nested config)
+        outer, _, inner = k.partition(".")
+        popped[k] = saved[outer].pop(inner) if inner else saved.pop(k)
+    assert popped == {"saes": [], "hybrid.optimizer": "adamw", "hybrid.momentum": 0.9}
     (out / "config.json").write_text(json.dumps(saved))
     with pytest.raises(RunConflictError, match=r"saes: saved absent \(written before the field existed: \(\)\), "
                                                r"requested \[\[1, 'sae'\]\]"):

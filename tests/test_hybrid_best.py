@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import mlpinterp as mi
-from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.finetune_config import FinetuneConfig
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.poly.readout_finetune import finetune
 
@@ -28,7 +28,7 @@ def test_best_validated_step_is_kept_and_last_is_reported():
     p = mi.fit_polynomial(net, g, 2)
     start = Readout.from_closed_form(p, RidgeBasis.from_closed_form(p, g))
     X, Xv = g.sample(2000, rng), g.sample(1000, rng)  # Gaussian inputs: the closed form is already optimal
-    cfg = HybridConfig(steps=40, lr=0.3, eval_every=10, batch_size=64, warmup_steps=0)
+    cfg = FinetuneConfig(steps=40, lr=0.3, eval_every=10, batch_size=64, warmup_steps=0)
     hr = finetune(net, start, X, cfg, X_val=Xv)
     s = hr.summary()
     fvus = {e["step"]: e["fvu_val"] for e in hr.history}

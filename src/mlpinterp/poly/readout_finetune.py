@@ -4,9 +4,9 @@ Rigg & Belrose (2025, arXiv 2502.01032, Limitations and §4) initialise at the c
 fine-tune it on data. Here the fine-tuning runs in the factored ridge parameterisation
 (:mod:`mlpinterp.poly.readout`), so degrees 2 and 3 stay tractable at d_in = 384..4096: every parameter moves,
 including the neuron directions ``A`` (and the GLU gate-residual directions ``G``), which the exact data projection
-(:mod:`mlpinterp.poly.projection`) keeps fixed. Optimiser: schedule-free AdamW (Defazio et al. 2024,
-``schedulefree.AdamWScheduleFree``) on the mean squared error normalised by the output variance (the FVU),
-float32, seeded batches of the captured fit activations.
+(:mod:`mlpinterp.poly.projection`) keeps fixed. The loop is the one hybrid fine-tune of
+:mod:`mlpinterp.poly.finetune` (schedule-free AdamW by default, Defazio et al. 2024) on the mean squared error
+normalised by the output variance (the FVU), float32, seeded batches of the captured fit activations.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from mlpinterp.networks import GLU, MLP, Network
-from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.finetune import ArrayBatches, Validation
+from mlpinterp.poly.finetune import finetune as finetune_loop
+from mlpinterp.poly.finetune_config import FinetuneConfig
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.utils.validation import check_instance, check_shape, to_numpy
 
@@ -73,7 +75,8 @@ class HybridResult:
 
     readout: Readout
     history: list[dict] = field(default_factory=list)
-    """``{"step", "seconds", "fvu_val"}`` entries (validation FVU on held-back fit activations)."""
+    """``{"step", "seconds", "fvu_val"}`` entries (validation FVU on held-back fit activations; ``seconds``: training
+    time so far, validation excluded)."""
 
     seconds: float = 0.0
     last_readout: Readout | None = None
@@ -90,9 +93,12 @@ class HybridResult:
                 "last_fvu_val": self.history[-1]["fvu_val"]}
 
 
-def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = HybridConfig(), *, X_val=None,
+def finetune(network: Network, start: Readout, X_fit, cfg: FinetuneConfig = FinetuneConfig(), *, X_val=None,
              quiet: bool = True, desc: str = "hybrid fine-tune") -> HybridResult:
     """Fine-tune every factor of ``start`` (e.g. ``Readout.from_closed_form(gaussian_fit, basis)``) on ``X_fit``.
+
+    The loop is :func:`mlpinterp.poly.finetune.finetune` with :class:`~mlpinterp.poly.finetune.ArrayBatches` of
+    ``X_fit`` and the loss divided by the variance of the fit targets (the training FVU).
 
     Parameters
     ----------
@@ -107,13 +113,9 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
     included), non-finite, not ``[m >= 2, d_in]`` or on which the block's output does not vary, and for a
     diverging (non-finite) loss.
     """
-    import schedulefree
-
-    from mlpinterp.utils.progress import progress_bar
-
     check_instance(network, (MLP, GLU), "network")
     check_instance(start, Readout, "start", "Readout (e.g. Readout.from_closed_form(p, basis))")
-    check_instance(cfg, HybridConfig, "cfg")
+    check_instance(cfg, FinetuneConfig, "cfg")
     if start.basis.d_in != network.d_in or start.b.shape[0] != network.d_out:
         raise ValueError(f"start maps d_in={start.basis.d_in} -> d_out={start.b.shape[0]}, but network is "
                          f"{type(network).__name__}(d_in={network.d_in}, d_out={network.d_out}): start from this "
@@ -125,48 +127,21 @@ def finetune(network: Network, start: Readout, X_fit, cfg: HybridConfig = Hybrid
         if X.shape[0] < 2 or not float(((Y - Y.mean(0)) ** 2).sum()) > 1e-10 * float((Y**2).sum()):
             raise ValueError(f"{name} must hold >= 2 inputs on which the block's output varies (the FVU divides by "
                              f"its variance), got {X.shape[0]} input(s)")
-        return torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(Y, dtype=torch.float32)
+        return torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(Y)
 
-    X, Y = targets(X_fit, "X_fit")
+    X, Y64 = targets(X_fit, "X_fit")
+    Y = Y64.to(torch.float32)
     var = float(((Y - Y.mean(0)) ** 2).sum(1).mean())
-    if X_val is not None:
-        Xv, Yv = targets(X_val, "X_val")
-        var_v = float(((Yv - Yv.mean(0)) ** 2).sum())
+    validation = Validation(*targets(X_val, "X_val")) if X_val is not None else None
     module = ReadoutModule(start)
-    opt = schedulefree.AdamWScheduleFree(module.parameters(), lr=cfg.lr, warmup_steps=cfg.warmup_steps)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    history: list[dict] = []
-    best: dict = {}
     t0 = time.perf_counter()
-
-    def validate(step: int) -> None:
-        if X_val is None:
-            return
-        opt.eval()  # schedule-free: evaluation weights (the averaged iterate)
-        with torch.no_grad():
-            err = sum(float(((module(Xv[s:s + 8192]) - Yv[s:s + 8192]) ** 2).sum()) for s in range(0, Xv.shape[0], 8192))
-            fvu_val = err / var_v
-            if not best or fvu_val < best["fvu_val"]:
-                best.update(step=step, fvu_val=fvu_val, readout=module.to_readout(start.basis))
-        opt.train()
-        history.append({"step": step, "seconds": time.perf_counter() - t0, "fvu_val": fvu_val})
-
-    opt.train()
-    validate(0)
-    with progress_bar(total=cfg.steps, desc=desc, quiet=quiet) as bar:
-        for step in range(1, cfg.steps + 1):
-            idx = torch.randint(0, X.shape[0], (min(cfg.batch_size, X.shape[0]),), generator=gen)
-            loss = ((module(X[idx]) - Y[idx]) ** 2).sum(1).mean() / var
-            if not torch.isfinite(loss):
-                raise ValueError(f"hybrid fine-tuning diverged at step {step} (loss {float(loss)}); lower lr (got {cfg.lr})")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                validate(step)
-            bar.advance()
-    opt.eval()
+    run = finetune_loop(module, ArrayBatches(X, Y, cfg.batch_size, cfg.seed), cfg, validation=validation,
+                        loss_scale=var, keep_best=validation is not None, what="hybrid fine-tuning", desc=desc,
+                        quiet=quiet)
+    seconds = time.perf_counter() - t0
+    history = [{"step": h["step"], "seconds": h["seconds"], "fvu_val": h["fvu"]} for h in run.history]
     last = module.to_readout(start.basis)
-    if not best:
-        return HybridResult(last, history, time.perf_counter() - t0, last, None)
-    return HybridResult(best["readout"], history, time.perf_counter() - t0, last, best["step"])
+    if validation is None:
+        return HybridResult(last, history, seconds, last, None)
+    module.load_state_dict(run.best_state)
+    return HybridResult(module.to_readout(start.basis), history, seconds, last, run.best_step)

@@ -209,7 +209,8 @@ def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping
     reproduces what the code did before the field existed (not necessarily today's default). A field that
     ``saved`` lacks is compared as that value (shown as :class:`Implicit` when it differs), so a run written by an
     earlier version resumes when nothing it computed would change, and is refused when the request asks for other
-    behaviour.
+    behaviour. A dotted name ``"outer.inner"`` does the same for a field of a nested configuration (a mapping
+    on both sides): ``outer`` differs only when its fields differ after ``inner`` is filled in.
 
     The one comparison of a stored configuration with the one asked for now: run directories, checkpoints, saved
     targets. Raises ``TypeError`` if ``saved``, ``requested`` or ``implicit`` is not a mapping, or ``ignore`` is not
@@ -226,7 +227,12 @@ def config_diff(saved: Mapping, requested: Mapping, ignore=(), implicit: Mapping
         a, b = saved.get(key, ABSENT), requested.get(key, ABSENT)
         if a is ABSENT and key in earlier:
             a = Implicit(earlier[key])
-        if key not in skip and (a is ABSENT or b is ABSENT or _json_form(saved_value(a)) != _json_form(b)):
+        nested = {k[len(key) + 1:]: v for k, v in earlier.items() if k.startswith(f"{key}.")}
+        if nested and isinstance(a, Mapping) and isinstance(b, Mapping):
+            same = not config_diff(a, b, implicit=nested)
+        else:
+            same = not (a is ABSENT or b is ABSENT or _json_form(saved_value(a)) != _json_form(b))
+        if key not in skip and not same:
             out[key] = (a, b)
     return out
 

@@ -8,12 +8,12 @@ solver (``poly.mixture.exact.fit_mixture``) can be compared with it at equal wal
 The coefficients are the raw-coordinate tensors ``T0 [d_out]``, ``T1 [d_out, d_in]``, ``T2 [d_out, d_in, d_in]``
 of ``p(x) = T0 + T1 x + x^T T2 x``; each step draws a fresh batch from the mixture and takes one
 schedule-free step (Defazio et al. 2024, ``schedulefree.SGDScheduleFree`` or ``AdamWScheduleFree``) on the
-mean squared error. A fixed held-out mixture sample gives the FVU curve.
+mean squared error. A fixed held-out mixture sample gives the FVU curve. The loop is the one hybrid fine-tune of
+:mod:`mlpinterp.poly.finetune` with :class:`~mlpinterp.poly.finetune.SampledBatches` of the mixture.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,6 @@ from mlpinterp.gaussian.distributions import Gaussian, GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial
 from mlpinterp.poly.ridge import fit_ridge
-from mlpinterp.utils.progress import progress_bar
 
 _OPTIMIZERS = ("sgd", "adamw")
 #: Default learning rates: stable on MNIST-scale inputs in [0, 1] (SGD needs lr < 1 / lambda_max(E[z z^T]) ~ 1 / E|x|^4).
@@ -40,6 +39,22 @@ def _poly_forward(params, X):
         Z = (X @ T2.permute(1, 0, 2).reshape(d, o * d)).reshape(X.shape[0], o, d)
         out = out + torch.einsum("nod,nd->no", Z, X)
     return out
+
+
+def _raw_polynomial_module(coefficients):
+    """An ``nn.Module`` computing ``p(x) = T0 + T1 x (+ x^T T2 x)`` (:func:`_poly_forward`) whose parameters are the
+    raw-coordinate tensors ``coefficients`` (``.coefficients``, a ``ParameterList``); torch is imported lazily."""
+    from torch import nn
+
+    class RawPolynomial(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.coefficients = nn.ParameterList([nn.Parameter(c) for c in coefficients])
+
+        def forward(self, X):
+            return _poly_forward(list(self.coefficients), X)
+
+    return RawPolynomial()
 
 
 def fit_sgd(
@@ -90,8 +105,11 @@ def fit_sgd(
     TypeError : wrong network/mixture type. ValueError : d_in mismatch, degree not 1 or 2, bad optimiser,
     non-positive steps/batch_size/lr/eval_every/n_eval, unknown dtype.
     """
-    import schedulefree
     import torch
+
+    from mlpinterp.poly.finetune import SampledBatches, Validation
+    from mlpinterp.poly.finetune import finetune as finetune_loop
+    from mlpinterp.poly.finetune_config import FinetuneConfig
 
     network = validate_network(network)
     if not isinstance(mixture, GaussianMixture):
@@ -119,63 +137,22 @@ def fit_sgd(
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
     init = fit_ridge(network, Gaussian.standard(network.d_in), degree)
-    params = [torch.tensor(init.coefficients(k), device=dev, dtype=tdtype, requires_grad=True) for k in range(degree + 1)]
-    if optimizer == "sgd":
-        opt = schedulefree.SGDScheduleFree(params, lr=lr, momentum=momentum, warmup_steps=warmup_steps)
-    else:
-        opt = schedulefree.AdamWScheduleFree(params, lr=lr, warmup_steps=warmup_steps)
-
+    model = _raw_polynomial_module([torch.tensor(init.coefficients(k), device=dev, dtype=tdtype) for k in range(degree + 1)])
+    cfg = FinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, eval_every=eval_every,
+                         seed=seed, optimizer=optimizer, momentum=momentum)
     X_eval = mixture.sample(n_eval, np.random.default_rng(seed + 1))
-    f_eval = network(X_eval)
-    Xe = torch.as_tensor(X_eval, device=dev, dtype=tdtype)
-    fe = torch.as_tensor(f_eval, device=dev, dtype=torch.float64)
-    var_e = float(((fe - fe.mean(0)) ** 2).sum())
-
-    def evaluate() -> float:
-        opt.eval()
-        with torch.no_grad():
-            pe = torch.cat([_poly_forward(params, Xe[s : s + 1024]) for s in range(0, n_eval, 1024)]).double()
-        opt.train()
-        return float(((fe - pe) ** 2).sum()) / var_e
-
-    history: list[dict[str, Any]] = []
-    opt.train()
-    history.append({"step": 0, "wall_time_s": 0.0, "fvu": evaluate()})
-    t_train = 0.0
-    time_to_target = 0.0 if target_fvu is not None and history[0]["fvu"] <= target_fvu else None
-    with progress_bar(total=steps, desc="hybrid SGD", quiet=not progress) as bar:
-        step = 0
-        while step < steps and time_to_target is None and (time_limit is None or t_train < time_limit):
-            t0 = time.perf_counter()
-            X = mixture.sample(batch_size, rng)
-            y = torch.as_tensor(network(X), device=dev, dtype=tdtype)
-            Xb = torch.as_tensor(X, device=dev, dtype=tdtype)
-            opt.zero_grad(set_to_none=True)
-            loss = ((_poly_forward(params, Xb) - y) ** 2).sum(1).mean()
-            if not torch.isfinite(loss):
-                raise ValueError(f"the hybrid SGD diverged at step {step} (non-finite loss {float(loss.detach())}); lower lr (got {lr})")
-            loss.backward()
-            opt.step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t_train += time.perf_counter() - t0
-            step += 1
-            bar.advance()
-            last = step == steps or (time_limit is not None and t_train >= time_limit)
-            if step % eval_every == 0 or last:
-                fv = evaluate()
-                history.append({"step": step, "wall_time_s": t_train, "fvu": fv})
-                bar.postfix(fvu=fv)
-                if target_fvu is not None and fv <= target_fvu:
-                    time_to_target = t_train
-    if history[-1]["step"] != step:
-        history.append({"step": step, "wall_time_s": t_train, "fvu": evaluate()})
+    validation = Validation(torch.as_tensor(X_eval, device=dev, dtype=tdtype),
+                            torch.as_tensor(network(X_eval), device=dev, dtype=torch.float64), chunk=1024)
+    run = finetune_loop(model, SampledBatches(network, mixture, batch_size, seed, device=dev, dtype=tdtype), cfg,
+                        validation=validation, target_fvu=target_fvu, time_limit=time_limit, what="the hybrid SGD",
+                        desc="hybrid SGD", quiet=not progress)
+    history: list[dict[str, Any]] = [{"step": h["step"], "wall_time_s": h["seconds"], "fvu": h["fvu"]}
+                                     for h in run.history]
+    step = run.steps
     if not np.isfinite(history[-1]["fvu"]):
         raise ValueError(f"the hybrid SGD diverged (non-finite held-out FVU after {step} steps); lower lr (got {lr})")
-    opt.eval()
-    tensors = tuple(p.detach().to("cpu", torch.float64).numpy().copy() for p in params)
+    tensors = tuple(p.detach().to("cpu", torch.float64).numpy().copy() for p in model.coefficients)
     if degree == 2:
         T2 = tensors[2]
         tensors = (tensors[0], tensors[1], 0.5 * (T2 + np.swapaxes(T2, 1, 2)))
@@ -183,7 +160,7 @@ def fit_sgd(
         "network": type(network).__name__, "activation": network.activation,
         "distribution": f"GaussianMixture(K={mixture.K})", "method": "sgd-hybrid", "degree": degree,
         "d_in": network.d_in, "optimizer": optimizer, "lr": lr, "batch_size": batch_size, "steps": step,
-        "history": history, "time_to_target_s": time_to_target, "target_fvu": target_fvu,
+        "history": history, "time_to_target_s": run.time_to_target, "target_fvu": target_fvu,
         "n_eval": n_eval, "device": str(dev), "dtype": str(tdtype).replace("torch.", ""),
     }
     return DensePolynomial(tensors, info=info)

@@ -5,17 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlpinterp.lm.capture_config import CaptureConfig
-from mlpinterp.poly.finetune_config import HybridConfig
+from mlpinterp.poly.finetune_config import ADDED_FIELDS as FINETUNE_ADDED_FIELDS
+from mlpinterp.poly.finetune_config import FinetuneConfig
 from mlpinterp.utils.validation import check_int
 
 INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")
 #: TransformerExperiment fields added after the first version that wrote a run's config.json, with the behaviour
 #: of a run without each: a run directory written before a field existed resumes when the request keeps that
-#: behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). ``saes``: no SAE alignment. A
-#: directory that records the removed fields ``mixture_samples`` and ``mc_samples`` (sampled mixture FVUs, exact
-#: now) differs from every request. CaptureConfig and HybridConfig have gained no field. Add a field here when it
-#: is added to TransformerExperiment.
-ADDED_FIELDS = {"saes": ()}
+#: behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``; ``hybrid.<field>`` for a field of the
+#: nested fine-tune configuration). ``saes``: no SAE alignment; ``hybrid.optimizer`` / ``hybrid.momentum``:
+#: schedule-free AdamW. A directory that records the removed fields ``mixture_samples`` and ``mc_samples`` (sampled
+#: mixture FVUs, exact now) differs from every request. CaptureConfig has gained no field. Add a field here when it
+#: is added to TransformerExperiment or its nested configurations.
+ADDED_FIELDS = {"saes": (), **{f"hybrid.{k}": v for k, v in FINETUNE_ADDED_FIELDS.items()}}
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class TransformerExperiment:
     """Fit tokens the mixture's EM sees (a seeded subsample)."""
     val_fraction: float = 0.1
     """Fraction of the kept fit tokens held back for validation (input-model choice, hybrid monitoring)."""
-    hybrid: HybridConfig = HybridConfig()
+    hybrid: FinetuneConfig = FinetuneConfig()
     """Fine-tuning of the hybrid input model."""
     splice_sequences: int = 64
     """Held-out sequences for the splice-in evaluation."""
@@ -72,8 +74,8 @@ class TransformerExperiment:
                     len(set(self.layers)) != len(self.layers):
                 raise ValueError(f"layers must be None (all blocks) or a non-empty tuple of distinct block indices "
                                  f"(negative ones count from the last block), got {self.layers!r}")
-        if not isinstance(self.capture, CaptureConfig) or not isinstance(self.hybrid, HybridConfig):
-            raise TypeError(f"capture must be a CaptureConfig and hybrid a HybridConfig, got "
+        if not isinstance(self.capture, CaptureConfig) or not isinstance(self.hybrid, FinetuneConfig):
+            raise TypeError(f"capture must be a CaptureConfig and hybrid a FinetuneConfig, got "
                             f"{type(self.capture).__name__}, {type(self.hybrid).__name__}")
         check_int(self.mixture_components, "mixture_components", minimum=1)
         for name in ("mixture_fit_samples", "splice_sequences", "n_output_dirs", "n_eigen"):
@@ -91,7 +93,7 @@ class TransformerExperiment:
         on it; a second block would repeat the same code), fewer tokens, a small mixture, a short fine-tune, fewer
         splice sequences (no verdicts)."""
         base = dict(layers=(0,), capture=CaptureConfig(max_tokens=8_000, keep_fit=8_000), mixture_components=3,
-                    mixture_fit_samples=3_000, hybrid=HybridConfig(steps=30, batch_size=512),
+                    mixture_fit_samples=3_000, hybrid=FinetuneConfig(steps=30, batch_size=512),
                     splice_sequences=8, run="quick")
         base.update(kw)
         return cls(**base)
