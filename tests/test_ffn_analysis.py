@@ -14,18 +14,14 @@ from mlpinterp.poly.projection import project_on_data
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from mlpinterp.poly.readout_finetune import ReadoutModule, finetune
 from mlpinterp.poly.spectral import quadratic_forms
+from tests.helpers import random_network
 
 D, H, O = 6, 9, 4
 
 
 def _setup(kind="mlp", seed=0):
     rng = np.random.default_rng(seed)
-    if kind == "mlp":
-        net = mi.MLP(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((O, H)),
-                     rng.standard_normal(O), activation="gelu")
-    else:
-        net = mi.GLU(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((H, D)),
-                     rng.standard_normal(H), rng.standard_normal((O, H)), rng.standard_normal(O), activation="silu")
+    net = random_network(kind, D, H, O, None, rng, scaled=False)
     # bimodal, heavy-tailed inputs: far from the moment-matched Gaussian
     X = np.concatenate([rng.standard_normal((3000, D)) + 2, rng.standard_t(3, size=(3000, D)) - 1])
     rng.shuffle(X)

@@ -17,16 +17,14 @@ import mlpinterp as mi
 from mlpinterp.poly.projection import normal_equations, project_on_data, solve_projection
 from mlpinterp.poly.readout import Readout, RidgeBasis
 from tests.gloo import run_forked
+from tests.helpers import random_network
 
 D, H, O = 5, 7, 3
 
 
 def _nets(rng):
-    mlp = mi.MLP(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((O, H)),
-                 rng.standard_normal(O), activation="gelu")
-    glu = mi.GLU(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((H, D)),
-                 rng.standard_normal(H), rng.standard_normal((O, H)), rng.standard_normal(O), activation="silu")
-    return {"mlp": mlp, "glu": glu}
+    mlp = random_network("mlp", D, H, O, None, rng, scaled=False)
+    return {"mlp": mlp, "glu": random_network("glu", D, H, O, None, rng, scaled=False)}
 
 
 def _gaussian(rng, singular=False):

@@ -13,18 +13,14 @@ import mlpinterp as mi
 from mlpinterp.poly.projection import RIDGE_GRID, RidgePath, normal_equations, project_on_data, solve_projection
 from mlpinterp.poly.readout import RidgeBasis
 from mlpinterp.utils import memory
+from tests.helpers import random_network
 
 D, H, O = 5, 7, 3
 
 
 def _case(kind, seed=0, degree=3):
     rng = np.random.default_rng(seed)
-    if kind == "mlp":
-        net = mi.MLP(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((O, H)),
-                     rng.standard_normal(O), activation="gelu")
-    else:
-        net = mi.GLU(rng.standard_normal((H, D)), rng.standard_normal(H), rng.standard_normal((H, D)),
-                     rng.standard_normal(H), rng.standard_normal((O, H)), rng.standard_normal(O), activation="silu")
+    net = random_network(kind, D, H, O, None, rng, scaled=False)
     Q = rng.standard_normal((D, D))
     g = mi.Gaussian(rng.standard_normal(D), Q @ Q.T / D + 0.1 * np.eye(D))
     basis = RidgeBasis.from_closed_form(mi.fit_polynomial(net, g, degree), g)

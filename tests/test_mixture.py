@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from mlpinterp import GLU, MLP, Gaussian, GaussianMixture, fit_polynomial
+from mlpinterp import MLP, Gaussian, GaussianMixture, fit_polynomial
 from mlpinterp.poly.mixture.exact import fit_mixture
 from mlpinterp.poly.mixture.moment_dense import MAX_DENSE_FEATURES, moment_table
 from mlpinterp.poly.mixture.sgd import fit_sgd
 from mlpinterp.poly.ridge import fit_ridge
+from tests.helpers import random_network
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
 torch.set_num_threads(1)
@@ -35,12 +36,9 @@ def random_mixture(d: int, rng: np.random.Generator, weights=(0.5, 0.3, 0.2), ra
 
 
 def random_net(kind: str, d_in: int, rng: np.random.Generator, d_hidden: int = 8, d_out: int = 2):
-    if kind == "glu":
-        return GLU(rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-                   rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-                   rng.standard_normal((d_out, d_hidden)) / np.sqrt(d_hidden), rng.normal(0, 0.1, d_out), "silu")
-    return MLP(rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-               rng.standard_normal((d_out, d_hidden)) / np.sqrt(d_hidden), rng.normal(0, 0.1, d_out), kind)
+    """``kind``: "glu" (silu) or an MLP activation name."""
+    glu = kind == "glu"
+    return random_network("glu" if glu else "mlp", d_in, d_hidden, d_out, "silu" if glu else kind, rng)
 
 
 def rel_max_diff(a: np.ndarray, b: np.ndarray) -> float:

@@ -24,13 +24,13 @@ from mlpinterp.poly.mixture.exact import _operator, fit_mixture
 from mlpinterp.poly.mixture.moment_dense import _keys, moment_table
 from mlpinterp.poly.mixture.operator import IndefiniteOperatorError, MixtureOperator
 from mlpinterp.poly.mixture.pcg import pcg
+from tests.helpers import random_network
 
 torch.set_num_threads(1)
 
 
 def _net(d, rng, d_hidden=10, d_out=2, act="gelu"):
-    return MLP(rng.standard_normal((d_hidden, d)), rng.normal(0, 0.5, d_hidden),
-               rng.standard_normal((d_out, d_hidden)) / np.sqrt(d_hidden), rng.normal(0, 0.1, d_out), act)
+    return random_network("mlp", d, d_hidden, d_out, act, rng)
 
 
 def _mixture(d, ranks, rng, weights=None, jitter=0.0):

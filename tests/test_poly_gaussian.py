@@ -13,6 +13,7 @@ import torch
 
 from mlpinterp import GLU, MLP, Gaussian, fit_polynomial, from_module, fvu, load_polynomial
 from mlpinterp.poly.metrics import fvu_on_data
+from tests.helpers import random_network
 from tests.oracles import monomial_features, ols_with_robust_se, prediction_z_scores
 
 
@@ -22,21 +23,10 @@ def random_gaussian(d: int, rng: np.random.Generator, *, rank: int | None = None
     return Gaussian(rng.normal(0.3, 0.5, d), L @ L.T + (0.2 * np.eye(d) if rank is None else 0))
 
 
-def random_mlp(d_in, d_hidden, d_out, act, rng) -> MLP:
-    return MLP(rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-               rng.standard_normal((d_out, d_hidden)) / np.sqrt(d_hidden), rng.normal(0, 0.1, d_out), act)
-
-
-def random_glu(d_in, d_hidden, d_out, act, rng) -> GLU:
-    return GLU(rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-               rng.standard_normal((d_hidden, d_in)), rng.normal(0, 0.5, d_hidden),
-               rng.standard_normal((d_out, d_hidden)) / np.sqrt(d_hidden), rng.normal(0, 0.1, d_out), act)
-
-
 # ---------------------------------------------------------------- hand-derived identities
 def test_identity_activation_reproduces_network_exactly():
     rng = np.random.default_rng(0)
-    net = random_mlp(4, 7, 3, "identity", rng)
+    net = random_network("mlp", 4, 7, 3, "identity", rng)
     g = random_gaussian(4, rng)
     X = rng.standard_normal((50, 4))
     for n in (1, 2, 3):
@@ -46,7 +36,7 @@ def test_identity_activation_reproduces_network_exactly():
 
 def test_bilinear_glu_is_its_own_quadratic():
     rng = np.random.default_rng(1)
-    net = random_glu(3, 5, 2, "identity", rng)
+    net = random_network("glu", 3, 5, 2, "identity", rng)
     g = random_gaussian(3, rng)
     X = rng.standard_normal((40, 3))
     np.testing.assert_allclose(fit_polynomial(net, g, 2)(X), net(X), rtol=1e-11, atol=1e-11)
@@ -65,7 +55,7 @@ def test_zero_bias_relu_standard_normal_linear_term_is_half_W2W1():
 
 def test_quadratic_activation_is_exact_at_degree_two():
     rng = np.random.default_rng(3)
-    net = random_mlp(3, 5, 2, lambda y: y**2, rng)
+    net = random_network("mlp", 3, 5, 2, lambda y: y**2, rng)
     g = random_gaussian(3, rng)
     X = g.sample(100, rng)
     np.testing.assert_allclose(fit_polynomial(net, g, 2)(X), net(X), rtol=1e-8, atol=1e-8)
@@ -78,7 +68,7 @@ def test_quadratic_activation_is_exact_at_degree_two():
 def test_ridge_equals_ols_moments_route(kind, act, degree):
     rng = np.random.default_rng(10 + degree)
     d = 3
-    net = random_mlp(d, 6, 2, act, rng) if kind == "mlp" else random_glu(d, 4, 2, act, rng)
+    net = random_network("mlp", d, 6, 2, act, rng) if kind == "mlp" else random_network("glu", d, 4, 2, act, rng)
     g = random_gaussian(d, rng)
     p_ridge = fit_polynomial(net, g, degree)
     p_ols = fit_polynomial(net, g, degree, method="ols")
@@ -95,7 +85,7 @@ def test_ridge_equals_ols_moments_route(kind, act, degree):
 def test_against_least_squares_on_a_million_samples(kind, act, degree):
     rng = np.random.default_rng(100 + degree)
     d = 3
-    net = random_mlp(d, 8, 2, act, rng) if kind == "mlp" else random_glu(d, 5, 2, act, rng)
+    net = random_network("mlp", d, 8, 2, act, rng) if kind == "mlp" else random_network("glu", d, 5, 2, act, rng)
     g = random_gaussian(d, rng)
     X = g.sample(1_000_000, rng)
     F = monomial_features(X, degree, center=g.mean)
@@ -110,7 +100,7 @@ def test_against_least_squares_on_a_million_samples(kind, act, degree):
 # ---------------------------------------------------------------- FVU
 def test_fvu_decreases_with_degree_and_exact_matches_monte_carlo():
     rng = np.random.default_rng(4)
-    net = random_mlp(5, 16, 3, "relu", rng)
+    net = random_network("mlp", 5, 16, 3, "relu", rng)
     g = random_gaussian(5, rng)
     vals = []
     for n in (0, 1, 2, 3, 4):
@@ -126,7 +116,7 @@ def test_fvu_decreases_with_degree_and_exact_matches_monte_carlo():
 
 def test_fvu_on_data_is_zero_for_exact_and_one_for_mean():
     rng = np.random.default_rng(5)
-    net = random_mlp(3, 4, 2, "identity", rng)
+    net = random_network("mlp", 3, 4, 2, "identity", rng)
     g = random_gaussian(3, rng)
     X = g.sample(1000, rng)
     assert fvu_on_data(net, fit_polynomial(net, g, 1), X).fvu < 1e-20
@@ -140,7 +130,7 @@ def test_singular_covariance_matches_least_squares_on_the_support():
     d, rank = 4, 2
     g = random_gaussian(d, rng, rank=rank)
     assert g.is_singular
-    net = random_mlp(d, 8, 2, "gelu", rng)
+    net = random_network("mlp", d, 8, 2, "gelu", rng)
     p = fit_polynomial(net, g, 2)
     X = g.sample(400_000, rng)
     U = (X - g.mean) @ g.support  # coordinates on the support
@@ -158,7 +148,7 @@ def test_singular_covariance_matches_least_squares_on_the_support():
 @pytest.mark.parametrize("kind", ["mlp", "glu"])
 def test_dense_materialisation_save_load_and_torch_module(kind, tmp_path):
     rng = np.random.default_rng(7)
-    net = random_mlp(4, 6, 3, "gelu", rng) if kind == "mlp" else random_glu(4, 5, 3, "silu", rng)
+    net = random_network("mlp", 4, 6, 3, "gelu", rng) if kind == "mlp" else random_network("glu", 4, 5, 3, "silu", rng)
     g = random_gaussian(4, rng)
     p = fit_polynomial(net, g, 3)
     X = rng.standard_normal((30, 4))
@@ -183,7 +173,7 @@ def test_from_module_matches_torch():
 # ---------------------------------------------------------------- bad input
 def test_bad_inputs_raise_clear_errors():
     rng = np.random.default_rng(8)
-    net = random_mlp(3, 4, 2, "relu", rng)
+    net = random_network("mlp", 3, 4, 2, "relu", rng)
     g = Gaussian.standard(3)
     with pytest.raises(ValueError, match="degree"):
         fit_polynomial(net, g, -1)
