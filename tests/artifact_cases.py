@@ -257,10 +257,40 @@ def _lm() -> Case:
     return Case("lm_checkpoint", make, load)
 
 
+def _run_directory() -> Case:
+    """A run directory's record (``run.json``) and a JSON output it reads back (``config.json``)."""
+    _CONFIG = {"seed": 0, "lr": 0.01, "steps": [64, 128]}
+
+    def make(d: Path):
+        from mlpinterp.utils.rundir import open_run
+
+        with open_run(d / "run", "reproduce test", {"seed": 0, "lr": 0.01}) as rd:
+            try:
+                from mlpinterp.utils.rundir import write_output
+            except ImportError:  # an earlier mlpinterp: plain JSON
+                from mlpinterp.utils.io import atomic_write_json as write_output
+            write_output(rd.path / "config.json", _CONFIG)
+        return d / "run" / "run.json", d / "run" / "config.json"
+
+    def load(d: Path):
+        from mlpinterp.utils.rundir import read_run
+
+        try:
+            from mlpinterp.utils.rundir import read_output
+        except ImportError:
+            from mlpinterp.utils.io import read_json as read_output
+        rec = read_run(d / "run")
+        return {"record": {k: v for k, v in rec.items() if k != "sessions"},
+                "sessions": [{k: v for k, v in s.items() if k != "wall_s"} for s in rec["sessions"]],
+                "wall": [s.get("wall_s") for s in rec["sessions"]], "config": read_output(d / "run" / "config.json")}
+
+    return Case("run_directory", make, load)
+
+
 def cases() -> list[Case]:
     """Every artifact type with a public (or trainer-internal) loader."""
     return [_poly(False), _poly(True), _classifier(), _classifier_state(), _sae_case("sparsify"),
-            _sae_case("saelens"), _toy(), _apd(), _mfr(), _lm()]
+            _sae_case("saelens"), _toy(), _apd(), _mfr(), _lm(), _run_directory()]
 
 
 def canonical(raw: bytes):
@@ -311,7 +341,8 @@ def run_mutations(case: Case, tmp: Path, flips_per_file: int, seed: int = 0,
             shutil.rmtree(work, ignore_errors=True)
             shutil.copytree(pristine, work)
             (work / rel).write_bytes(data)
-            canon = label == "json" and canonical(data) is not None and canonical(data) == canonical(raw)
+            is_json = label == "json" or f.suffix == ".json"  # a run directory's two files are both JSON
+            canon = is_json and canonical(data) is not None and canonical(data) == canonical(raw)
             try:
                 got = case.load(work)
             except Exception as e:  # noqa: BLE001 - every refusal is recorded; the test checks the type

@@ -31,6 +31,7 @@ from .artifact_utils import rewrite
 
 transformers = pytest.importorskip("transformers")
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tokenizer  # noqa: E402
+from tests.helpers import as_earlier_run_record, write_earlier_run_record  # noqa: E402
 
 D, H, O = 5, 7, 3
 CFG = CaptureConfig(ctx_len=16, seq_batch=8, max_tokens=600, keep_fit=600, passage_chunks=2)
@@ -660,9 +661,9 @@ def test_resume_refuses_other_weights_text_or_unverifiable_dirs(finished, tmp_pa
     cfg = json.loads((out / "config.json").read_text())
     cfg["model"] = str(other)
     (out / "config.json").write_text(json.dumps(cfg))
-    record = json.loads((out / "run.json").read_text())  # the run directory's record names the same path
+    record = as_earlier_run_record(out)  # the run directory's record names the same path
     record["config"]["model"] = str(other)
-    (out / "run.json").write_text(json.dumps(record))
+    write_earlier_run_record(out, record)
     tiny_gpt2(seed=1).save_pretrained(other)
     with pytest.raises(ValueError, match="made from another model"):
         run_transformer(out, _exp(str(other)), quiet=True, texts=TEXTS)

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
+from mlpinterp.utils.rundir import read_run
 from tests.cli_utils import flat
 
 runner = CliRunner()
@@ -254,7 +255,7 @@ def test_resuming_to_fewer_steps_refits_the_final_approximants(tmp_path, monkeyp
         assert sorted(z.files) == sorted(y.files)
         for k in z.files:
             np.testing.assert_allclose(z[k], y[k], rtol=1e-9, atol=1e-12)
-    assert len(json.loads((out / "run.json").read_text())["sessions"]) == 2
+    assert len(read_run(out)["sessions"]) == 2
 
 
 # ------------------------------------------------------------------------------------------------- one CLI

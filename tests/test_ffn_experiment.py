@@ -17,6 +17,7 @@ from mlpinterp.poly.finetune_config import FinetuneConfig  # noqa: E402
 from mlpinterp.studies.transformer.run import run_transformer  # noqa: E402
 from mlpinterp.studies.transformer.settings import TransformerExperiment  # noqa: E402
 from tests.ffn_tiny import TEXTS, tiny_bert, tiny_gpt2, tiny_llama, tokenizer  # noqa: E402
+from tests.helpers import as_earlier_run_record  # noqa: E402
 
 
 def _saved(tmp_path, family):
@@ -94,6 +95,7 @@ def test_run_directory_of_an_earlier_version_resumes_with_the_behaviour_of_that_
     model, out = _saved(tmp_path, "bert"), tmp_path / "run"
     exp = _exp(model, layers=(1,), input_models=("gaussian", "data"))
     first = run_transformer(out, exp, quiet=True, texts=TEXTS)
+    as_earlier_run_record(out)  # an earlier version recorded no digest of config.json
     saved = json.loads((out / "config.json").read_text())
     popped = {}
     for k in ADDED_FIELDS:  # as an earlier version wrote it ("hybrid.optimizer": a field of the nested config)

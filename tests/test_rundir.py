@@ -3,6 +3,7 @@ files keyed by their provenance; every study and command opens its --out through
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -193,3 +194,81 @@ def test_reproduce_mfr_refuses_other_k_or_seeds_and_sums_its_time(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["sessions"] == 2 and metrics["seconds"] >= first["seconds"] > 0
     assert "summed over 2 sessions of this run directory" in (out / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------- a verified record and verified outputs
+def test_run_record_is_a_verified_artifact_and_a_hand_edit_is_refused(tmp_path):
+    from mlpinterp.utils.artifact import ArtifactError
+
+    out = tmp_path / "run"
+    with open_run(out, "train", {"lr": 1, "steps": 4}):
+        pass
+    doc = json.loads((out / RUN_FILE).read_text())
+    assert doc["kind"] == "run_record" and doc["data"]["config"] == {"lr": 1, "steps": 4} and len(doc["sha256"]) == 64
+    doc["data"]["config"]["lr"] = 2  # a hand edit: the record now claims another run
+    (out / RUN_FILE).write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match=r"run record .*run.json' does not match its recorded SHA-256.*delete it"):
+        with open_run(out, "train", {"lr": 2, "steps": 4}):
+            pass
+    with pytest.raises(ArtifactError, match="does not match its recorded SHA-256"):
+        read_run(out)
+    (out / RUN_FILE).write_text(json.dumps({**doc, "mlpinterp_format": 7}))
+    with pytest.raises(ArtifactError, match=r"written by a newer mlpinterp \(format 7 > 1\)"):
+        read_run(out)
+
+
+def test_plain_record_of_an_earlier_version_resumes_and_is_rewritten_verified(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    atomic_write_json(out / RUN_FILE, {"format": 1, "command": "train", "config": {"lr": 1}, "sessions": [
+        {"started": "x", "wall_s": 5.0, "pid": 1, "argv": [], "status": "finished"}], "derived": {"a": {"step": 2}}})
+    with open_run(out, "train", {"lr": 1}) as rd:
+        assert rd.sessions == 2 and rd.is_current("a", {"step": 2}) and rd.wall_seconds >= 5.0
+    doc = json.loads((out / RUN_FILE).read_text())
+    assert doc["kind"] == "run_record" and len(doc["data"]["sessions"]) == 2
+    with pytest.raises(RunConflictError, match=r"lr: saved 1, requested 3"):
+        with open_run(out, "train", {"lr": 3}):
+            pass
+
+
+def test_outputs_read_back_are_verified_against_the_record(tmp_path):
+    """write_output records the SHA-256 of the file in run.json; read_output refuses a file that changed."""
+    from mlpinterp.utils.artifact import ArtifactError
+    from mlpinterp.utils.rundir import read_output, write_output
+
+    out = tmp_path / "run"
+    with open_run(out, "train", {"lr": 1}):
+        write_output(out / "seed0" / "result.json", {"fvu": 0.25, "step": 64})
+        assert read_output(out / "seed0" / "result.json") == {"fvu": 0.25, "step": 64}  # while open
+    digest = hashlib.sha256((out / "seed0" / "result.json").read_bytes()).hexdigest()
+    assert read_run(out)["outputs"]["seed0/result.json"] == digest
+    assert read_output(out / "seed0" / "result.json") == {"fvu": 0.25, "step": 64}  # closed: from run.json
+    f = out / "seed0" / "result.json"
+    f.write_text(f.read_text().replace("0.25", "0.35"))  # still valid JSON, another number
+    with pytest.raises(ArtifactError, match=r"result.json' does not match the SHA-256 that run.json records"):
+        read_output(f)
+    f.write_text(f.read_text()[:-3])  # truncated: said as such (the digest is checked once the file parses)
+    with pytest.raises(ValueError, match="result.json' is not valid JSON"):
+        read_output(f)
+    f.write_text(f.read_text() + "}\n\n")  # parses again, with other bytes
+    with pytest.raises(ArtifactError, match="does not match the SHA-256"):
+        read_output(f)
+    plain = tmp_path / "loose.json"  # outside any run directory: read as it is
+    write_output(plain, {"a": 1})
+    assert read_output(plain) == {"a": 1}
+    with open_run(out, "train", {"lr": 1}):  # rewriting an output records its new digest
+        write_output(f, {"fvu": 0.5})
+    assert read_output(f) == {"fvu": 0.5}
+
+
+def test_cli_refuses_a_corrupt_run_record_with_error_and_fix(tmp_path):
+    out = tmp_path / "run"
+    with open_run(out, "train", {"planted": 1}):
+        pass
+    raw = bytearray((out / RUN_FILE).read_bytes())
+    raw[raw.index(b'"planted": 1') + len(b'"planted": ')] ^= 0x02  # 1 -> 3: valid JSON, another configuration
+    (out / RUN_FILE).write_bytes(bytes(raw))
+    r = CliRunner().invoke(app, ["train", "--steps", "4", "--quiet", "--out", str(out)])
+    text = flat(r.output)
+    assert r.exit_code == 1 and "Error: run record" in text and "does not match its recorded SHA-256" in text, text
+    assert "Fix: delete it" in text and "Traceback" not in r.output

@@ -98,7 +98,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
         from mlpinterp.lm.text import read_texts
         from mlpinterp.models import RunConflictError
         from mlpinterp.studies.transformer.run import run_transformer
-        from mlpinterp.utils.io import read_json
+        from mlpinterp.utils.rundir import read_output
 
         set_threads(threads)
         degs = _ints(degrees + [a for a in ctx.args if a.lstrip("-").isdigit() or "," in a], "--degrees")
@@ -132,7 +132,7 @@ def register(app: typer.Typer, reproduce_app: typer.Typer) -> None:
             except RunConflictError as e:
                 import shlex
 
-                old = read_json(out / "config.json", what="run configuration")
+                old = read_output(out / "config.json", what="run configuration")
                 e.fix = (f"continue that run with `mlpinterp reproduce transformer {continue_flags(old)} --out "
                          f"{shlex.quote(str(out))}` (and the same --text), or choose a new --out")
                 raise

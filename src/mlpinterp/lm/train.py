@@ -54,9 +54,8 @@ from mlpinterp.utils.checkpoint import (
     restore_optimizer,
     split_optimizer_tensors,
 )
-from mlpinterp.utils.io import atomic_write_json, read_json
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.rundir import check_out_dir, open_run
+from mlpinterp.utils.rundir import check_out_dir, open_run, read_output, write_output
 from mlpinterp.utils.schedules import cosine_half, linear_warmup
 from mlpinterp.utils.validation import check_instance, check_int, config_diff
 
@@ -224,7 +223,7 @@ def _train_lm(cfg: LmTrainConfig, out: str | os.PathLike, *, text_dir: str | os.
                                    fix="pass the saved settings to resume that run, or choose another --out (or "
                                        f"delete {str(out)!r})")
         if saved.get("step") == cfg.steps and (out / "metrics.json").exists():
-            return read_json(out / "metrics.json", what="metrics")
+            return read_output(out / "metrics.json", what="metrics")
     out.mkdir(parents=True, exist_ok=True)
     tok = _load_tokenizer(out, saved["tokenizer_digest"]) if saved else \
         train_tokenizer(train_texts, cfg.vocab_size, cfg.tokenizer_min_frequency)
@@ -299,7 +298,7 @@ def _train(cfg, out, tok, train_ids, held_ids, corpus, saved, quiet, threads) ->
         "config": cfg.to_dict(), "history": history, "threads": threads, "load_average": list(os.getloadavg()),
         "tokenizer_digest": meta["tokenizer_digest"],
     }
-    atomic_write_json(out / "metrics.json", metrics)
+    write_output(out / "metrics.json", metrics)
     return metrics
 
 

@@ -1,12 +1,13 @@
 """Run directories: the one place every command that writes a resumable ``--out`` opens it.
 
 A run directory is opened with :func:`open_run` (a context manager) and then holds, beside the command's own files,
-``run.json`` (strict JSON)::
+``run.json``: a JSON artifact of kind ``"run_record"`` (:func:`mlpinterp.utils.artifact.save_json_artifact`: format
+version, SHA-256 over its content) whose ``data`` is the record::
 
     {"format": 1, "command": "reproduce mfr", "config": {...},
-     "sessions": [{"started": "2026-12-06T09:00:00+00:00", "wall_s": 12.3, "pid": 4711, "argv": [...],
-                   "status": "finished"}, ...],
-     "derived": {"seed0/approximants": {"step": 256}, ...}}
+     "sessions": [{"started": "...", "wall_s": 12.3, "pid": 4711, "argv": [...], "status": "finished"}, ...],
+     "derived": {"seed0/approximants": {"step": 256}, ...},
+     "outputs": {"metrics.json": "<sha256 of the file's bytes>", ...}}
 
 and, while a process has it open, ``.mlpinterp.lock`` (an OS file lock taken with the ``filelock`` library) and
 ``.mlpinterp.lock.json`` (who holds it). The contract:
@@ -22,6 +23,15 @@ and, while a process has it open, ``.mlpinterp.lock`` (an OS file lock taken wit
   closes (failed sessions included: they did work that a resume reuses). :attr:`RunDir.wall_seconds` is the sum of
   the earlier sessions and the current one so far, and :meth:`RunDir.time_statement` says so in words, the same in
   every study.
+* **A verified record.** ``run.json`` is verified on every read: a corrupt, truncated or hand-edited record is
+  refused with :class:`~mlpinterp.utils.artifact.ArtifactError` (Error/Fix on the command line), one of a newer
+  format by name. A plain-JSON record of an earlier mlpinterp (no envelope) is read as it is, unverifiable, and
+  rewritten verified when that run resumes.
+* **Verified JSON outputs.** A JSON file of the run that is read back to decide something (its configuration, a
+  finished seed's or block's results, the metrics another study compares with) is written with
+  :func:`write_output` and read with :func:`read_output`: the SHA-256 of its bytes is recorded in ``run.json`` and
+  checked on reading, so a changed bit is refused instead of reused. The file itself stays plain JSON for users.
+  A file without a recorded digest (written outside a run directory, or by an earlier mlpinterp) is read as it is.
 * **Derived files keyed by provenance.** A file computed from something that can change between sessions (the
   final checkpoint's step, ...) is recorded with :meth:`RunDir.record` and reused only while
   :meth:`RunDir.is_current` finds the same provenance; otherwise the caller recomputes it.
@@ -44,7 +54,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.io import atomic_write_json, loads_json, read_json
 from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
 RUN_FILE = "run.json"
@@ -54,7 +64,11 @@ LOCK_FILE = ".mlpinterp.lock"
 HOLDER_FILE = ".mlpinterp.lock.json"
 """Who holds the lock: pid, command line, start time."""
 FORMAT = 1
-"""Version of ``run.json``; a newer one is refused by name."""
+"""Version of the record inside ``run.json``; a newer one is refused by name."""
+RECORD_KIND = "run_record"
+"""The artifact kind of ``run.json``."""
+RECORD_FIX = ("delete it to adopt the directory's files as a new run (run.json is written by mlpinterp alone: change a "
+              "run's settings on the command line, not in the file)")
 
 
 class RunConflictError(ValueError):
@@ -122,27 +136,38 @@ def _now() -> str:
 
 
 def _read_record(path: Path) -> dict | None:
+    """The record in ``path/run.json`` (verified when it is a run-record artifact; a plain-JSON record of an earlier
+    mlpinterp as it is), ``None`` without one. Raises :class:`~mlpinterp.utils.artifact.ArtifactError` (a
+    ``ValueError``) naming the file, what is wrong and the fix."""
+    from mlpinterp.utils.artifact import ENVELOPE, ArtifactError, load_json_artifact
+
     f = path / RUN_FILE
     if not f.is_file():
         return None
     try:
-        rec = json.loads(f.read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"run record {str(f)!r} is not valid JSON ({e}); delete it to adopt the directory's files "
-                         "as a new run") from e
+        doc = loads_json(f.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ArtifactError(f, f"is not valid JSON ({e})", RECORD_FIX, "run record") from e
+    if isinstance(doc, dict) and {*ENVELOPE, "data"} & set(doc):  # any envelope key: the whole file must verify
+        rec = load_json_artifact(f, kind=RECORD_KIND, what="run record", fix=RECORD_FIX).meta
+    else:
+        rec = doc  # written before run records were hashed: read as it is (nothing to verify it against)
     if not isinstance(rec, dict) or not isinstance(rec.get("sessions", []), list):
-        raise ValueError(f"run record {str(f)!r} is not a JSON object with a 'sessions' list; delete it to adopt the "
-                         "directory's files as a new run")
+        raise ArtifactError(f, "is not a JSON object with a 'sessions' list", RECORD_FIX, "run record")
     fmt = rec.get("format", FORMAT)
     if not isinstance(fmt, int) or fmt > FORMAT:
-        raise ValueError(f"run record {str(f)!r} has format {fmt!r}, newer than this mlpinterp reads ({FORMAT}); "
-                         "upgrade mlpinterp or pass another --out")
+        raise ArtifactError(f, f"has format {fmt!r}, newer than this mlpinterp reads ({FORMAT})",
+                            "upgrade mlpinterp or pass another --out", "run record")
     return rec
 
 
 def read_run(out: str | os.PathLike) -> dict | None:
     """The ``run.json`` record of ``out`` (``None`` when there is none); ``ValueError`` if it is corrupt."""
     return _read_record(Path(out))
+
+
+_OPEN: dict[Path, RunDir] = {}
+"""The run directories this process has open (resolved path -> :class:`RunDir`), for :func:`write_output`."""
 
 
 class RunDir:
@@ -196,11 +221,21 @@ class RunDir:
             self._save()
 
     def _save(self, session: dict | None = None) -> None:
+        from mlpinterp.utils.artifact import save_json_artifact
+
         rec = dict(self._record)
         if session is not None:
             rec["sessions"] = [*rec["sessions"], session]
             self._record = rec
-        atomic_write_json(self.path / RUN_FILE, rec)
+        save_json_artifact(self.path / RUN_FILE, rec, kind=RECORD_KIND)
+
+    def _set_output(self, name: str, digest: str | None) -> None:
+        outputs = self._record.setdefault("outputs", {})
+        if digest is None and outputs.pop(name, None) is None:
+            return
+        if digest is not None:
+            outputs[name] = digest
+        self._save()
 
     def _close(self, status: str, argv: list[str]) -> None:
         self._save({"started": self._started, "wall_s": time.perf_counter() - self._t0, "pid": os.getpid(),
@@ -252,7 +287,8 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
         rec = _read_record(path)
         new = rec is None
         if new:
-            rec = {"format": FORMAT, "command": command, "config": config, "sessions": [], "derived": {}}
+            rec = {"format": FORMAT, "command": command, "config": config, "sessions": [], "derived": {},
+                   "outputs": {}}
         else:
             if rec.get("command") != command:
                 raise RunConflictError(path, f"a `{rec.get('command')}` run", {"command": (rec.get("command"), command)},
@@ -262,11 +298,13 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
                 saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in diff.items())
                 raise RunConflictError(path, RUN_FILE, diff, fix=f"to continue that run pass its settings ({saved}); "
                                        f"to start a new run pass another {option} (or delete {str(path)!r})")
-            rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {})}
+            rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {}),
+                   "outputs": dict(rec.get("outputs") or {})}
         if check is not None:
             check(path)
         rd = RunDir(path, rec, started)
         rd._save()  # at once: a run killed in its first session is still recognised
+        _OPEN[path.resolve()] = rd
         status = "failed"
         try:
             yield rd
@@ -283,7 +321,62 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
             if not rd._closed:
                 rd._close(status, argv)
     finally:
+        _OPEN.pop(path.resolve(), None)
         try:
             (path / HOLDER_FILE).unlink(missing_ok=True)
         finally:
             lock.release()
+
+
+def _owner(path: Path) -> tuple[Path | None, dict | None, RunDir | None]:
+    """The run directory holding ``path`` (the nearest ancestor open in this process or with a ``run.json``), its
+    record and its open :class:`RunDir` (``None`` when not open here); ``(None, None, None)`` outside any."""
+    for d in path.resolve().parents:
+        if d in _OPEN:
+            return d, _OPEN[d]._record, _OPEN[d]
+        if (d / RUN_FILE).is_file():
+            return d, _read_record(d), None
+    return None, None, None
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_output(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as strict JSON to ``path`` atomically (:func:`~mlpinterp.utils.io.atomic_write_json`) and, when
+    ``path`` lies in a run directory this process has open, record the SHA-256 of its bytes in ``run.json`` for
+    :func:`read_output` (the old digest is dropped before the write, so an interruption leaves the file unrecorded,
+    never recorded with another file's digest). Raises :class:`~mlpinterp.utils.io.WriteError` when the write
+    fails."""
+    path = Path(path)
+    root, _, rd = _owner(path)
+    name = path.resolve().relative_to(root).as_posix() if rd is not None else None
+    if rd is not None:
+        rd._set_output(name, None)
+    atomic_write_json(path, obj)
+    if rd is not None:
+        rd._set_output(name, _sha256(path.read_bytes()))
+    return path
+
+
+def read_output(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict,
+                fix: str | None = "delete it to recompute it") -> Any:
+    """The JSON content of ``path``, verified against the SHA-256 its run directory's ``run.json`` records for it
+    (:func:`write_output`); a file without a recorded digest is read as it is (:func:`~mlpinterp.utils.io.read_json`).
+
+    Raises ``FileNotFoundError`` if it is missing, ``ValueError`` as ``read_json`` when it is not valid JSON or not
+    of type ``expect``, and :class:`~mlpinterp.utils.artifact.ArtifactError` (a ``ValueError``) when its bytes do
+    not match the recorded digest."""
+    from mlpinterp.utils.artifact import ArtifactError
+
+    path = Path(path)
+    obj = read_json(path, what=what, expect=expect, fix=fix)  # unparseable or of the wrong type: said as such
+    root, rec, _ = _owner(path)
+    digest = (rec or {}).get("outputs", {}).get(path.resolve().relative_to(root).as_posix()) if root else None
+    if digest is not None and _sha256(path.read_bytes()) != digest:
+        raise ArtifactError(path, f"does not match the SHA-256 that {RUN_FILE} records for it: the file is corrupt, "
+                                  "truncated or was changed after the run wrote it", fix or RECORD_FIX, what)
+    return obj

@@ -12,7 +12,7 @@ so one application costs ``2 K h r^2`` for the ``G_k`` plus, per output, one GEM
 ``2 pi_k S_k A_k S_k`` over all components at once (``2 o r^2 K h`` in all), instead of building each ``[o, r, r]``
 ``A_k`` (``2 o h r^2``) and the generic ``S_k A_k S_k`` (``4 o r^3``) per component: at MNIST scale (r = 712,
 h = 512, K = o = 10) 57 instead of 196 GFLOP, in float64, and without the generic path's dozen ``[o, r, r]``
-temporaries per component (measured in ``docs/guides/polynomial.md``). The moment formulas are those of
+temporaries per component (measured in ``docs/measurements.md``, "Mixture solver"). The moment formulas are those of
 ``operator._component_apply`` (Isserlis' theorem); the result is the same tensors to rounding
 (``tests/test_mixture_cg.py``). GLU ridge quadratics (a gate-residual term, not of this form) use the generic path.
 """

@@ -40,7 +40,7 @@ from mlpinterp.toys import gated_trig_ground_truth, step_generator
 from mlpinterp.toys.settings import check_target, get_target, resolve_fidelity, setting_spec, target_config
 from mlpinterp.utils.artifact import save_artifact
 from mlpinterp.utils.io import atomic_write_json
-from mlpinterp.utils.rundir import RunDir, open_run
+from mlpinterp.utils.rundir import RunDir, open_run, write_output
 from mlpinterp.utils.validation import check_device, check_int
 
 
@@ -186,7 +186,7 @@ def _reproduce_open(rd: RunDir, setting: str, seeds: int, quick: bool, quiet: bo
     if all("max_cos" in m for m in per_seed):
         result["failed_seeds"] = int(sum(m["mmcs"] < FAILED_MMCS for m in per_seed))
         result["paper_statistic"] = paper_statistic(per_seed)
-    atomic_write_json(out / "metrics.json", result)
+    write_output(out / "metrics.json", result)
     write_apd_report(out, result)
     return result
 

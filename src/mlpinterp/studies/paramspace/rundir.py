@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from mlpinterp.utils.io import read_json
+from mlpinterp.utils.rundir import read_output
 from mlpinterp.utils.validation import check_instance
 
 METHODS = ("apd", "spd")
@@ -57,7 +57,7 @@ def check_out_dir(out: str | Path, method: str) -> Path:
                          f"{method}`); use another --out")
     metrics = out / "metrics.json"
     if metrics.is_file():
-        found = method_of(read_json(metrics, what="metrics"))
+        found = method_of(read_output(metrics, what="metrics"))
         if found != method:
             what = f"a `reproduce {found}` run" if found else "results of another command"
             raise ValueError(f"out {str(out)!r} holds {what} (its metrics.json), not a `reproduce {method}` run; "

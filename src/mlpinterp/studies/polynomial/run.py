@@ -18,7 +18,6 @@ Layout of ``out``::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,10 @@ from mlpinterp.models import ClassifierConfig, checkpoint_steps, find_checkpoint
 from mlpinterp.studies.polynomial.evaluate import EvalInputs, evaluate_checkpoint, fit_approximants, svd_attack
 from mlpinterp.studies.polynomial.settings import ADDED_FIELDS, DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
 from mlpinterp.utils.progress import progress_bar
-from mlpinterp.utils.rundir import RunDir, open_run
+from mlpinterp.utils.rundir import RunDir, open_run, read_output, write_output
 
 __all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
-from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.validation import config_diff
 
 RESUMABLE_CHANGES = ("seeds", "steps", "data_path")
@@ -42,12 +40,10 @@ RESUMABLE_CHANGES = ("seeds", "steps", "data_path")
 same data elsewhere); any other change would mix results of two configurations and is refused."""
 
 
-def _read_json(path: Path):
-    """Parse a JSON file this experiment wrote; a corrupt one raises ``ValueError`` saying to delete it."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{str(path)!r} is not valid JSON ({e}); delete it and rerun to recompute it") from e
+def _read_json(path: Path, expect: type | None = None):
+    """A JSON file this experiment wrote (:func:`~mlpinterp.utils.rundir.read_output`: verified against the digest
+    in ``run.json``); a corrupt one raises ``ValueError`` saying to delete it."""
+    return read_output(path, what="file", expect=expect, fix="delete it and rerun to recompute it")
 
 
 def _check_resume(out: Path, r: dict) -> None:
@@ -58,9 +54,7 @@ def _check_resume(out: Path, r: dict) -> None:
     f = out / "config.json"
     if not f.exists():
         return
-    old = _read_json(f)
-    if not isinstance(old, dict):
-        raise ValueError(f"{str(f)!r} must hold a JSON object; delete it and rerun")
+    old = read_output(f, what="run configuration", fix="delete it and rerun")
     diff = config_diff(old, r, ignore=RESUMABLE_CHANGES, implicit=ADDED_FIELDS)
     if diff:
         raise RunConflictError(out, "config.json", diff)
@@ -84,7 +78,7 @@ def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool, threads: 
     from mlpinterp.studies.polynomial.report import summarise, write_report
 
     out = rd.path
-    atomic_write_json(out / "config.json", r)
+    write_output(out / "config.json", r)
     data = average_pool(load_dataset(cfg.dataset, cfg.data_path), r["max_image_side"])
     if r["attack_k"] > min(data.n_classes, data.d_in):
         raise ValueError(f"attack_k must be <= min(n_classes, d_in) = {min(data.n_classes, data.d_in)} on "
@@ -105,7 +99,7 @@ def _run(cfg: PolynomialReproConfig, r: dict, rd: RunDir, quiet: bool, threads: 
 
     results = summarise(per_seed, r, data)
     results["wall_seconds"], results["sessions"] = rd.wall_seconds, rd.sessions
-    atomic_write_json(out / "results.json", results)
+    write_output(out / "results.json", results)
     make_figures(results, per_seed, data, out / "figures")
     write_report(results, out)
     return results
@@ -149,7 +143,7 @@ def _evaluate_seed(rd: RunDir, seed_name: str, ck_dir: Path, inputs: EvalInputs,
                 # memory: this checkpoint's other approximants (quadratic_gaussian: 49 MB on MNIST) are not
                 # kept through the next checkpoint's solve (``warm`` and ``final_approx`` keep what is used)
                 del approx
-                atomic_write_json(f, res)
+                write_output(f, res)
             curves.append(res)
             bar.advance()
 
@@ -172,7 +166,7 @@ def _evaluate_seed(rd: RunDir, seed_name: str, ck_dir: Path, inputs: EvalInputs,
         attack = svd_attack(net, final_approx, data.X_train, inputs.X_test, inputs.y_test,
                             input_cov=inputs.mixture.cov, k_max=r["attack_k"], seed=seed)
         attack["step"] = final_step
-        atomic_write_json(attack_file, attack)
+        write_output(attack_file, attack)
     feat_file = seed_dir / "features.npz"
     if not feat_file.exists() or _features_step(feat_file) != final_step:
         _save_features(feat_file, ck_dir, inputs, steps, final_approx)

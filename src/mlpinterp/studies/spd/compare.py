@@ -11,7 +11,7 @@ import torch
 from mlpinterp.studies.paramspace.rundir import method_of
 from mlpinterp.studies.paramspace.statistics import FAILED_MMCS, paper_statistic
 from mlpinterp.utils.artifact import load_artifact
-from mlpinterp.utils.io import read_json
+from mlpinterp.utils.rundir import read_output
 from mlpinterp.utils.validation import check_instance, check_int, check_real
 
 
@@ -39,7 +39,7 @@ def read_apd_run(apd_run: str | Path, setting: str, out: str | Path | None = Non
         raise ValueError(f"apd_run: {str(path)!r} does not exist; pass the --out directory of a finished "
                          f"`mlpinterp reproduce apd --setting {base}` run")
     try:
-        m = read_json(path, what="APD metrics")
+        m = read_output(path, what="APD metrics")
     except ValueError as e:
         raise ValueError(f"apd_run: {e} (rerunning `reproduce apd` on that directory rewrites it)") from e
     if method_of(m) != "apd":

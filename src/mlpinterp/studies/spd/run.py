@@ -47,8 +47,8 @@ from mlpinterp.studies.spd.settings import SETTINGS, default_recipe, spd_config,
 from mlpinterp.toys import as_linears, step_generator, with_identity
 from mlpinterp.toys.settings import check_target, get_target, setting_spec
 from mlpinterp.utils.artifact import save_artifact
-from mlpinterp.utils.io import atomic_write_json, read_json
-from mlpinterp.utils.rundir import RunDir, open_run
+from mlpinterp.utils.io import atomic_write_json
+from mlpinterp.utils.rundir import RunDir, open_run, read_output, write_output
 from mlpinterp.utils.validation import check_device, check_int
 
 _LOSSES = ("faithfulness", "stochastic_recon", "layerwise_recon", "importance_minimality")
@@ -166,7 +166,7 @@ def reproduce(setting: str, seeds: int, out: str | Path, quick: bool = False, qu
         check_device(device)
     out = check_out_dir(out, "spd")
     if (out / "metrics.json").is_file():  # the default recipe changed: say which one the directory holds
-        saved = read_json(out / "metrics.json", what="metrics").get("recipe", "paper")
+        saved = read_output(out / "metrics.json", what="metrics").get("recipe", "paper")
         if saved != recipe:
             raise ValueError(f"out {str(out)!r} holds a `--recipe {saved}` run (its metrics.json), but recipe "
                              f"{recipe!r} was requested (without --recipe: the default, \"{default_recipe(setting)}\" "
@@ -224,7 +224,7 @@ def _reproduce_open(rd: RunDir, setting: str, seeds: int, quick: bool, quiet: bo
     result["summary"] = {k: rep.summary([m[k] for m in per_seed]).to_dict()
                          for k in ("mmcs", "ml2r", "mmcs_alive", "ml2r_alive", "ci_masked_mse", "stochastic_masked_mse", "scrubbed_mse",
                                    "anti_scrubbed_mse", "seconds") if all(k in m for m in per_seed)}
-    atomic_write_json(out / "metrics.json", result)
+    write_output(out / "metrics.json", result)
     write_spd_report(out, result)
     return result
 

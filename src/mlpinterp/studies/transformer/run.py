@@ -38,8 +38,7 @@ import torch
 from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.studies.transformer.settings import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.utils.artifact import load_artifact, save_artifact
-from mlpinterp.utils.io import atomic_write_json, read_json
-from mlpinterp.utils.rundir import RunDir, open_run
+from mlpinterp.utils.rundir import RunDir, open_run, read_output, write_output
 from mlpinterp.utils.validation import config_diff
 
 # ------------------------------------------------------------------------------------------------ capture cache
@@ -101,7 +100,7 @@ def _check_inputs(out: Path, model_digest: str, text_digest: str) -> None:
     path = out / "inputs.json"
     now = {"model_digest": model_digest, "text_digest": text_digest}
     if path.exists():
-        old = read_json(path, what="run inputs")
+        old = read_output(path, what="run inputs")
         diff = [k.removesuffix("_digest") for k in config_diff({k: old.get(k) for k in now}, now)]
         if diff:
             raise ValueError(f"{str(out)!r} holds a run made from another {' and another '.join(diff)} (the "
@@ -112,7 +111,7 @@ def _check_inputs(out: Path, model_digest: str, text_digest: str) -> None:
     if cached:
         raise ValueError(f"{str(out)!r} holds {', '.join(cached)} but no inputs.json, so it cannot be checked that they "
                          "came from this model and text; use a new --out or delete the directory")
-    atomic_write_json(path, now)
+    write_output(path, now)
 
 
 # ------------------------------------------------------------------------------------------------ one block
@@ -263,7 +262,7 @@ def _check_config(out: Path, exp: TransformerExperiment) -> dict:
     cfg_path = out / "config.json"
     cfg = json.loads(json.dumps(asdict(exp)))
     if cfg_path.exists():
-        old = read_json(cfg_path, what="run configuration")
+        old = read_output(cfg_path, what="run configuration")
         diff = config_diff(old, cfg, implicit=ADDED_FIELDS)
         if diff:
             from mlpinterp.models import RunConflictError
@@ -309,7 +308,7 @@ def _run_open(rd: RunDir, exp: TransformerExperiment, cfg: dict, model, tok, pat
 
     out = rd.path
     if not (out / "config.json").exists():
-        atomic_write_json(out / "config.json", cfg)
+        write_output(out / "config.json", cfg)
     _check_inputs(out, model_digest(model), texts_digest(texts))
     cap_path = out / "capture.safetensors"
     if cap_path.exists() and cap_path.with_suffix(".json").exists():  # both written: a complete capture
@@ -322,7 +321,7 @@ def _run_open(rd: RunDir, exp: TransformerExperiment, cfg: dict, model, tok, pat
     for i, (path, site) in zip(idx, sites.items(), strict=True):
         done = out / "layers" / f"{i}.json"
         if done.exists():
-            layers.append(read_json(done, what="finished block"))
+            layers.append(read_output(done, what="finished block"))
             continue
         res, approx = analyse_block(site.network, cap.blocks[path], exp, quiet=quiet)
         res.update({"layer": i, "path": path, "family": site.family, "network": repr(site.network)})
@@ -331,13 +330,13 @@ def _run_open(rd: RunDir, exp: TransformerExperiment, cfg: dict, model, tok, pat
                                     cap.blocks[path], out / "layers" / f"{i}_features.npz", exp)
         if i in saes and res["features"] is not None:
             res["features"]["sae"] = _sae_alignment(model, site, saes[i], cap, out / "layers" / f"{i}_features.npz")
-        atomic_write_json(done, res)
+        write_output(done, res)
         layers.append(res)
     results = {"config": json.loads(json.dumps(asdict(exp))), "model": exp.model, "n_blocks": len(paths),
                "capture": {"n_fit_tokens": cap.n_fit_tokens, "n_heldout_tokens": cap.n_heldout_tokens,
                            "seconds": cap.seconds, "tokens_per_s": cap.tokens_per_s},
                "layers": layers, "seconds": rd.wall_seconds, "sessions": rd.sessions}
-    atomic_write_json(out / "results.json", results)
+    write_output(out / "results.json", results)
     write_transformer_report(out, results)
     return results
 
