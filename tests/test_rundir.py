@@ -248,7 +248,7 @@ def test_outputs_read_back_are_verified_against_the_record(tmp_path):
     with pytest.raises(ArtifactError, match=r"result.json' does not match the SHA-256 that run.json records"):
         read_output(f)
     f.write_text(f.read_text()[:-3])  # truncated: said as such (the digest is checked once the file parses)
-    with pytest.raises(ValueError, match="result.json' is not valid JSON"):
+    with pytest.raises(ArtifactError, match="result.json' is not valid JSON"):
         read_output(f)
     f.write_text(f.read_text() + "}\n\n")  # parses again, with other bytes
     with pytest.raises(ArtifactError, match="does not match the SHA-256"):

@@ -54,7 +54,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from mlpinterp.utils.io import atomic_write_json, loads_json, read_json
+from mlpinterp.utils.io import atomic_write_json, loads_json
 from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
 RUN_FILE = "run.json"
@@ -363,20 +363,28 @@ def write_output(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def read_output(path: str | os.PathLike, *, what: str = "file", expect: type | None = dict,
-                fix: str | None = "delete it to recompute it") -> Any:
+                fix: str = "delete it to recompute it") -> Any:
     """The JSON content of ``path``, verified against the SHA-256 its run directory's ``run.json`` records for it
     (:func:`write_output`); a file without a recorded digest is read as it is (:func:`~mlpinterp.utils.io.read_json`).
 
-    Raises ``FileNotFoundError`` if it is missing, ``ValueError`` as ``read_json`` when it is not valid JSON or not
-    of type ``expect``, and :class:`~mlpinterp.utils.artifact.ArtifactError` (a ``ValueError``) when its bytes do
-    not match the recorded digest."""
+    Raises ``FileNotFoundError`` if it is missing and :class:`~mlpinterp.utils.artifact.ArtifactError` (a
+    ``ValueError``) naming the file and ``fix`` when it is not valid JSON, not of type ``expect`` (``None``: any), or
+    its bytes do not match the recorded digest."""
     from mlpinterp.utils.artifact import ArtifactError
 
     path = Path(path)
-    obj = read_json(path, what=what, expect=expect, fix=fix)  # unparseable or of the wrong type: said as such
+    fix = fix or "delete it to recompute it"
+    data = path.read_bytes()
+    try:  # unparseable or of the wrong type: said as such, before the digest
+        obj = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(path, f"is not valid JSON ({e})", fix, what) from e
+    if expect is not None and not isinstance(obj, expect):
+        raise ArtifactError(path, f"holds a JSON {type(obj).__name__}, expected a JSON "
+                                  f"{'object' if expect is dict else expect.__name__}", fix, what)
     root, rec, _ = _owner(path)
     digest = (rec or {}).get("outputs", {}).get(path.resolve().relative_to(root).as_posix()) if root else None
-    if digest is not None and _sha256(path.read_bytes()) != digest:
+    if digest is not None and _sha256(data) != digest:
         raise ArtifactError(path, f"does not match the SHA-256 that {RUN_FILE} records for it: the file is corrupt, "
-                                  "truncated or was changed after the run wrote it", fix or RECORD_FIX, what)
+                                  "truncated or was changed after the run wrote it", fix, what)
     return obj
