@@ -16,7 +16,7 @@ from mlpinterp.poly.finetune import ArrayBatches, SampledBatches, Validation, fi
 from mlpinterp.poly.finetune_config import ADDED_FIELDS, FinetuneConfig
 from mlpinterp.studies.transformer.settings import ADDED_FIELDS as TRANSFORMER_ADDED_FIELDS
 from mlpinterp.studies.transformer.settings import TransformerExperiment
-from mlpinterp.utils.validation import config_diff
+from mlpinterp.utils.config_diff import config_diff
 
 
 def _problem(seed=0, n=4000, d=4, o=2):

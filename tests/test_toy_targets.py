@@ -24,7 +24,7 @@ from mlpinterp.toys import (
     train_tms,
 )
 from mlpinterp.toys.settings import check_target, get_target, target_config
-from mlpinterp.utils.validation import ABSENT, config_diff, config_differences
+from mlpinterp.utils.config_diff import ABSENT, config_diff, config_differences
 
 from .artifact_utils import rewrite
 

@@ -13,8 +13,8 @@ from mlpinterp.cli.errors import expected_errors, fail
 from mlpinterp.cli.options import THREADS_DEFAULT, Device, Quiet, Threads, _non_empty, flag, set_threads
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.studies.polynomial.settings import DATASET_DEFAULTS, SMOKE, PolynomialReproConfig
+from mlpinterp.utils.config_diff import ABSENT, saved_value
 from mlpinterp.utils.config_docs import field_default, field_docs
-from mlpinterp.utils.validation import ABSENT, saved_value
 
 
 class DatasetName(StrEnum):

@@ -54,10 +54,11 @@ from mlpinterp.utils.checkpoint import (
     restore_optimizer,
     split_optimizer_tensors,
 )
+from mlpinterp.utils.config_diff import config_diff
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.rundir import check_out_dir, open_run, read_output, write_output
 from mlpinterp.utils.schedules import cosine_half, linear_warmup
-from mlpinterp.utils.validation import check_instance, check_int, config_diff
+from mlpinterp.utils.validation import check_instance, check_int
 
 CHECKPOINT_KIND = "lm_checkpoint"
 """Artifact kind of the training state ``checkpoint/train_state.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""

@@ -8,7 +8,7 @@ from mlpinterp.utils.validation import Int, Real, check_fields
 
 #: LmTrainConfig fields added after the first version that wrote train-lm checkpoints, with the behaviour
 #: before each: a checkpoint written before a field existed resumes when the request keeps that behaviour
-#: (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every field dates from the first version.
+#: (:func:`mlpinterp.utils.config_diff.config_diff`'s ``implicit``). None so far: every field dates from the first version.
 #: Add a field here when it is added to LmTrainConfig.
 ADDED_FIELDS: dict = {}
 

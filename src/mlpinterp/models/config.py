@@ -14,7 +14,7 @@ ACTIVATION_NAMES: tuple[str, ...] = ("relu", "gelu", "silu", "tanh", "identity")
 
 #: ClassifierConfig fields added after the first version that wrote classifier checkpoints, with the
 #: behaviour before each: a checkpoint written before a field existed resumes (and loads) with that value when the
-#: request keeps that behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). None so far: every
+#: request keeps that behaviour (:func:`mlpinterp.utils.config_diff.config_diff`'s ``implicit``). None so far: every
 #: field dates from the first version. Add a field here when it is added to ClassifierConfig.
 ADDED_FIELDS: dict = {}
 

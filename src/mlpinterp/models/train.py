@@ -47,9 +47,10 @@ from mlpinterp.utils.checkpoint import (
     restore_optimizer,
     split_optimizer_tensors,
 )
+from mlpinterp.utils.config_diff import config_diff
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.rundir import RunConflictError, open_run
-from mlpinterp.utils.validation import check_device, config_diff
+from mlpinterp.utils.validation import check_device
 
 CHECKPOINT_KIND = "classifier_checkpoint"
 """Artifact kind of the eval-mode weights ``step_N.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""

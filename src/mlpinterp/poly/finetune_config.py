@@ -15,7 +15,7 @@ OPTIMIZERS = ("adamw", "sgd")
 
 #: Fields added to :class:`FinetuneConfig` after configurations holding it were first written, with the behaviour
 #: before each: a run directory written before a field existed resumes when the request keeps that behaviour
-#: (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). Add a field here when it is added.
+#: (:func:`mlpinterp.utils.config_diff.config_diff`'s ``implicit``). Add a field here when it is added.
 ADDED_FIELDS = {"optimizer": "adamw", "momentum": 0.9}
 
 

@@ -81,10 +81,11 @@ from mlpinterp.utils.checkpoint import (
     restore_optimizer,
     split_optimizer_tensors,
 )
+from mlpinterp.utils.config_diff import config_diff
 from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.schedules import cosine_half_rise
 from mlpinterp.utils.seeding import splitmix_seed
-from mlpinterp.utils.validation import Int, OneOf, check_fields, config_diff, nonfinite_names
+from mlpinterp.utils.validation import Int, OneOf, check_fields, nonfinite_names
 
 CHECKPOINT_KIND = "mfr_checkpoint"
 """Artifact kind of the trainer state ``trainer_rank{r}.safetensors`` (:mod:`mlpinterp.utils.artifact`)."""

@@ -26,8 +26,9 @@ from mlpinterp.toys.resid_mlp import RESID_PRESETS, ResidMLPConfig, train_resid_
 from mlpinterp.toys.tms import ADDED_FIELDS as TMS_ADDED_FIELDS
 from mlpinterp.toys.tms import TMS_PRESETS, TMSConfig, train_tms
 from mlpinterp.utils.artifact import tensors_path
+from mlpinterp.utils.config_diff import config_differences
 from mlpinterp.utils.io import read_json
-from mlpinterp.utils.validation import check_bool, check_int, config_differences
+from mlpinterp.utils.validation import check_bool, check_int
 
 #: Target recipes: ``"ours"`` or ``"reference"`` (the APD/SPD reference implementation's: for TMS a linearly decayed
 #: lr, for the residual MLPs :data:`REFERENCE_TARGET`).

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
-from mlpinterp.utils.validation import check_device, config_differences, nonfinite_names
+from mlpinterp.utils.config_diff import config_differences
+from mlpinterp.utils.validation import check_device, nonfinite_names
 
 RESTART_FIX = ("delete the checkpoint (checkpoint.safetensors and checkpoint.json) to restart the run from step 0, "
                "or use another out directory")
@@ -214,7 +215,7 @@ def load_training_state(path: Path, module: nn.Module, opt: torch.optim.Optimize
     """Restore ``module`` and ``opt`` from ``path``; returns ``(step, history, seconds)``.
 
     ``implicit``: the values of configuration fields added after a checkpoint may have been written, as the code
-    behaved before them (:func:`mlpinterp.utils.validation.config_diff`): a checkpoint of an earlier version that
+    behaved before them (:func:`mlpinterp.utils.config_diff.config_diff`): a checkpoint of an earlier version that
     lacks such a field resumes when the request keeps that behaviour.
 
     Nothing is cast or guessed: every tensor must have the name, shape and dtype of the module's state dict or the

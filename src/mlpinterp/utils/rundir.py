@@ -16,7 +16,7 @@ and, while a process has it open, ``.mlpinterp.lock`` (an OS file lock taken wit
   :class:`RunLockedError` at once, naming the holder's pid and command line (the lock dies with its process, so a
   killed run never leaves the directory locked).
 * **One configuration.** ``config`` is compared with the one stored in ``run.json`` by
-  :func:`~mlpinterp.utils.validation.config_diff` on every resume; a difference in a field not listed in
+  :func:`~mlpinterp.utils.config_diff.config_diff` on every resume; a difference in a field not listed in
   ``resumable`` raises :class:`RunConflictError` (and so does a directory written by another command). The stored
   configuration is then updated to the requested one (the resumable fields may change).
 * **Wall time summed across sessions.** Each opening is a session; its wall time is added to ``run.json`` when it
@@ -54,8 +54,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from mlpinterp.utils.config_diff import config_diff, describe_diff, saved_value
 from mlpinterp.utils.io import atomic_write_json, loads_json
-from mlpinterp.utils.validation import config_diff, describe_diff, saved_value
 
 RUN_FILE = "run.json"
 """The run directory's own record (command, configuration, sessions, provenance of derived files)."""
@@ -257,7 +257,7 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
     """Open the run directory ``out`` for ``command`` (e.g. ``"reproduce mfr"``) with ``config`` (JSON-ready).
 
     Creates the directory, takes its lock without waiting, compares ``config`` with the stored one (fields in
-    ``resumable`` may differ; ``implicit`` as in :func:`~mlpinterp.utils.validation.config_diff`), calls
+    ``resumable`` may differ; ``implicit`` as in :func:`~mlpinterp.utils.config_diff.config_diff`), calls
     ``check(path)`` (a study's own check of files written before ``run.json`` existed; it raises to refuse), then
     stores the configuration and yields a :class:`RunDir`. A refused opening writes nothing but the lock files; so
     does a first session that the study refuses with :class:`RunConflictError` (files of another run already there)

@@ -33,7 +33,7 @@ from mlpinterp.utils.rundir import RunDir, open_run, read_output, write_output
 
 __all__ = ["DATASET_DEFAULTS", "SMOKE", "PolynomialReproConfig", "run_polynomial_repro"]
 from mlpinterp.poly.spectral import quadratic_spectrum, top_singular_directions
-from mlpinterp.utils.validation import config_diff
+from mlpinterp.utils.config_diff import config_diff
 
 RESUMABLE_CHANGES = ("seeds", "steps", "data_path")
 """Settings that may change between runs into one output directory (more seeds, longer or shorter training, the

@@ -18,7 +18,7 @@ DATASET_DEFAULTS = {
 SMOKE = dict(d_hidden=32, steps=256, mc_samples=4000, warmup_steps=64, max_image_side=8)
 #: PolynomialReproConfig fields added after the first version that wrote a run's config.json, with the behaviour
 #: of a run without each (not today's defaults): a run directory written before a field existed resumes when the
-#: request keeps that behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``). ``covariance``:
+#: request keeps that behaviour (:func:`mlpinterp.utils.config_diff.config_diff`'s ``implicit``). ``covariance``:
 #: the plain class covariances; ``quadratic_mixture_steps``: the mixture quadratic at every checkpoint;
 #: ``mixture_cg_dtype`` and ``max_image_side``: a float64 CG operator, no pooling. Add a field here when it is
 #: added to PolynomialReproConfig.

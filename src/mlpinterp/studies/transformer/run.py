@@ -38,8 +38,8 @@ import torch
 from mlpinterp.lm.capture import BlockCapture, Capture, Moments, capture_ffn_inputs
 from mlpinterp.studies.transformer.settings import ADDED_FIELDS, TransformerExperiment
 from mlpinterp.utils.artifact import load_artifact, save_artifact
+from mlpinterp.utils.config_diff import config_diff
 from mlpinterp.utils.rundir import RunDir, open_run, read_output, write_output
-from mlpinterp.utils.validation import config_diff
 
 # ------------------------------------------------------------------------------------------------ capture cache
 

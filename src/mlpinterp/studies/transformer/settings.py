@@ -12,7 +12,7 @@ from mlpinterp.utils.validation import check_int
 INPUT_MODELS = ("gaussian", "mixture", "data", "hybrid")
 #: TransformerExperiment fields added after the first version that wrote a run's config.json, with the behaviour
 #: of a run without each: a run directory written before a field existed resumes when the request keeps that
-#: behaviour (:func:`mlpinterp.utils.validation.config_diff`'s ``implicit``; ``hybrid.<field>`` for a field of the
+#: behaviour (:func:`mlpinterp.utils.config_diff.config_diff`'s ``implicit``; ``hybrid.<field>`` for a field of the
 #: nested fine-tune configuration). ``saes``: no SAE alignment; ``hybrid.optimizer`` / ``hybrid.momentum``:
 #: schedule-free AdamW. A directory that records the removed fields ``mixture_samples`` and ``mc_samples`` (sampled
 #: mixture FVUs, exact now) differs from every request. CaptureConfig has gained no field. Add a field here when it
