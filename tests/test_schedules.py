@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from mlpinterp.utils.schedules import cosine_half, cosine_half_rise, cosine_quarter, linear_decay, linear_warmup
+from mlpinterp.utils.schedules import (
+    constant,
+    cosine_half,
+    cosine_half_rise,
+    cosine_quarter,
+    linear_decay,
+    linear_warmup,
+)
 
 SQRT_HALF = 0.7071067811865476  # cos(pi / 4) = 1 / sqrt(2)
 COS_PI_8_SQ = 0.8535533905932737  # (1 + cos(pi / 4)) / 2 = cos^2(pi / 8)
@@ -58,7 +65,12 @@ def test_cosine_half_rise():
     assert cosine_half_rise(0, 0) == 1.0
 
 
-@pytest.mark.parametrize("call", [lambda: cosine_half(-1, 10), lambda: cosine_quarter(0, 0),
+def test_constant():
+    assert [constant(s, 5) for s in (0, 2, 4, 9)] == [1.0, 1.0, 1.0, 1.0]
+    assert constant(0, 1) == 1.0
+
+
+@pytest.mark.parametrize("call", [lambda: constant(-1, 10), lambda: constant(0, 0), lambda: cosine_half(-1, 10), lambda: cosine_quarter(0, 0),
                                   lambda: linear_decay(3, 0), lambda: linear_warmup(-1, 5),
                                   lambda: cosine_half_rise(0, -1)])
 def test_bad_steps_raise(call):
@@ -81,6 +93,8 @@ def test_trainers_take_their_schedules_from_here():
     assert apd_lr(20, apd) == 1.0 and apd_lr(70, apd) == pytest.approx(0.5)
     spd = SPDConfig(steps=101, lr=1.0)
     assert spd.lr_schedule == "cosine" and spd_lr(50, spd) == pytest.approx(SQRT_HALF)
+    with pytest.raises(ValueError, match="must be >= 0"):  # every schedule, the constant one too, checks the step
+        spd_lr(-1, SPDConfig(lr_schedule="constant"))
     lm = LmTrainConfig(steps=111, warmup_steps=10, lr=1.0, min_lr_fraction=0.1)  # decay over steps 10..110
     assert lm_lr(lm, 0) == 0.1 and lm_lr(lm, 9) == 1.0
     assert lm_lr(lm, 10) == 1.0

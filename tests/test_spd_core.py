@@ -27,7 +27,7 @@ from mlpinterp.spd import (
     upper_leaky_hard_sigmoid,
 )
 from mlpinterp.spd.losses import faithfulness_loss
-from mlpinterp.spd.train import spd_losses
+from mlpinterp.spd.objective import spd_losses
 from mlpinterp.toys import TMS, as_linears, sparse_features, step_generator, with_identity
 
 torch.set_num_threads(1)
@@ -372,7 +372,7 @@ def test_delta_component_at_a_tied_parameter_site_matches_hand_computation():
 def test_delta_masks_are_drawn_uniform_after_the_subcomponent_masks():
     """``draw_masks``: the subcomponent masks as before (the same generator stream), then one ``r ~ U(0, 1)`` per
     sample and site; a Kolmogorov-Smirnov test against U(0, 1) and the stream order checked by hand."""
-    from mlpinterp.spd.train import draw_masks
+    from mlpinterp.spd.masks import draw_masks
 
     g = {"a": torch.rand(4000, 3, generator=torch.Generator().manual_seed(0)), "b": torch.rand(4000, 2)}
     masks, delta = draw_masks(g, True, torch.Generator().manual_seed(1))

@@ -10,6 +10,7 @@ output distances and metrics.
 Main entry points: :func:`decompose` with an :class:`SPDConfig`; metrics in :mod:`mlpinterp.spd.metrics`.
 """
 
+from mlpinterp.spd.config import SPDConfig, lr_at, with_overrides
 from mlpinterp.spd.decomposition import Decomposition, capture_reads, resolve_reads
 from mlpinterp.spd.importance import CausalImportance
 from mlpinterp.spd.losses import (
@@ -28,8 +29,9 @@ from mlpinterp.spd.metrics import (
     scrubbing,
     subcomponents_per_feature,
 )
+from mlpinterp.spd.objective import spd_losses
 from mlpinterp.spd.sigmoids import clamped_hard_sigmoid, leaky_hard_sigmoid, upper_leaky_hard_sigmoid
-from mlpinterp.spd.train import SPDConfig, SPDResult, decompose, lr_at, spd_losses, with_overrides
+from mlpinterp.spd.train import SPDResult, decompose
 
 __all__ = [
     "CausalImportance", "Decomposition", "SPDConfig", "SPDResult", "alive_subcomponents", "capture_reads",

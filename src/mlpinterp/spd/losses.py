@@ -113,6 +113,12 @@ def importance_minimality_loss(g_upper: Mapping[str, torch.Tensor], p: float, ep
     p = check_real(p, "p (importance-minimality exponent)", 0.0, lo_open=True)
     if not isinstance(g_upper, Mapping) or not g_upper:
         raise ValueError("g_upper must be a non-empty mapping site name -> [batch, C] causal importances")
+    return importance_minimality(g_upper, p, eps)
+
+
+def importance_minimality(g_upper: Mapping[str, torch.Tensor], p: float, eps: float = 1e-12) -> torch.Tensor:
+    """:func:`importance_minimality_loss` without its argument checks: for a caller whose ``p`` was checked once
+    already (:class:`~mlpinterp.spd.config.SPDConfig`'s ``pnorm``) and whose ``g_upper`` it computed itself."""
     total = 0.0
     for g in g_upper.values():
         total = total + ((g.abs() + eps) ** p).sum(-1).mean()

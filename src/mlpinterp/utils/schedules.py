@@ -25,6 +25,13 @@ def _progress(step: int, steps: int, zero_at_last_step: bool) -> float:
     return min(step / span, 1.0)
 
 
+def constant(step: int, steps: int) -> float:
+    """The constant factor 1 at every step of a run of ``steps``. Raises ``ValueError`` for ``step < 0`` or
+    ``steps < 1``, as the decays do."""
+    _progress(step, steps, zero_at_last_step=True)  # validates
+    return 1.0
+
+
 def cosine_half(step: int, steps: int, *, zero_at_last_step: bool = True) -> float:
     """Half-cosine decay ``(1 + cos(pi t)) / 2``: 1 at step 0, 1/2 halfway, 0 at the end (cosine annealing,
     Loshchilov & Hutter 2017, without restarts). ``t`` as in the module docstring. Raises ``ValueError`` for
