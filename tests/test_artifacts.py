@@ -33,6 +33,7 @@ from mlpinterp.utils.artifact import (
     load_artifact,
     load_json_artifact,
     save_artifact,
+    save_artifacts,
     save_json_artifact,
 )
 from mlpinterp.utils.io import WriteError
@@ -242,6 +243,35 @@ def test_disk_full_in_the_json_writer_leaves_nothing(tmp_path, monkeypatch):
         save_artifact(tmp_path / "a", {"x": torch.zeros(3)}, kind="k", meta={"v": 1})
     assert e.value.errno == errno.ENOSPC
     assert list(tmp_path.iterdir()) == []  # neither file, no temporary file
+
+
+def test_save_artifacts_writes_a_group_together_or_nothing(tmp_path, monkeypatch):
+    """Two artifacts and a plain JSON document in one call: each artifact loads verified, the document is strict
+    indented JSON; a NaN in the document, or a full disk in the last file, leaves no file at all."""
+    from mlpinterp.utils.artifact import Artifact
+
+    a = Artifact({"x": torch.arange(3.0)}, {"v": 1}, {"step": 2}, "k_one", tmp_path / "g" / "a")
+    b = Artifact({"y": torch.ones(2, 2)}, {"w": [1, 2]}, None, "k_two", tmp_path / "g" / "b",
+                 meta_path=tmp_path / "g" / "b_cfg.json")
+    paths = save_artifacts([a, b], {tmp_path / "g" / "doc.json": {"z": (1, 2)}})
+    assert paths == [tmp_path / "g" / "a.safetensors", tmp_path / "g" / "b.safetensors"]
+    assert torch.equal(load_artifact(paths[0], kind="k_one", provenance={"step": 2}).tensors["x"], torch.arange(3.0))
+    assert load_artifact(paths[1], kind="k_two", meta_path=tmp_path / "g" / "b_cfg.json").meta == {"w": [1, 2]}
+    assert (tmp_path / "g" / "doc.json").read_text() == '{\n  "z": [\n    1,\n    2\n  ]\n}\n'
+    with pytest.raises(ValueError, match=r"doc.json\['z'\] is nan"):
+        save_artifacts([a], {tmp_path / "h" / "doc.json": {"z": math.nan}})
+    assert not (tmp_path / "h").exists()
+    calls = []
+
+    def full_on_third(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(io_mod.os, "fsync", full_on_third)
+    with pytest.raises(WriteError):
+        save_artifacts([a, b], {tmp_path / "i" / "doc.json": {}})
+    assert len(calls) == 3 and list((tmp_path / "i").iterdir()) == []  # failed at the last file: none renamed
 
 
 def test_cli_prints_a_full_disk_as_error_and_fix(tmp_path, monkeypatch):

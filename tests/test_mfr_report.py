@@ -82,3 +82,34 @@ def test_fvu_improvement_pct_by_hand():
     assert got.keys() == {"mfr", "reinit"}
     assert got["mfr"] == {"6": pytest.approx(25.0)}
     assert got["reinit"] == {"6": pytest.approx(-10.0), "12": pytest.approx(0.0)}
+
+
+def test_pending_runs_write_each_result_and_skip_finished_runs(tmp_path):
+    """The grid in order; a run's result is written to its result.json when the next run is asked for, a finished
+    run is read back instead of yielded, and a caller that asks for the next run without a result is refused."""
+    from types import SimpleNamespace
+
+    from mlpinterp.studies.mfr.run import pending_runs
+
+    exp = SimpleNamespace(k_values=(2, 4), seeds=1)
+    conds = {"baseline": (False, False, 0.0), "mfr": (True, True, None)}
+    results = []
+    seen = []
+    for k, seed, cond, spec, run_dir in pending_runs(tmp_path, exp, conds, results):
+        seen.append((k, seed, cond))
+        assert spec == conds[cond] and run_dir == tmp_path / "runs" / f"k{k}_seed{seed}_{cond}"
+        results.append({"k": k, "condition": cond})
+        if len(seen) == 3:
+            break  # interrupted after the third run's result was appended but before it was written
+    assert seen == [(2, 0, "baseline"), (2, 0, "mfr"), (4, 0, "baseline")]
+    written = sorted(p.parent.name for p in tmp_path.glob("runs/*/result.json"))
+    assert written == ["k2_seed0_baseline", "k2_seed0_mfr"]
+    again = []
+    rest = [(k, cond) for k, _, cond, _, _ in pending_runs(tmp_path, exp, conds, again) if not again.append(
+        {"k": k, "condition": cond})]
+    assert rest == [(4, "baseline"), (4, "mfr")]
+    assert [r["condition"] for r in again] == ["baseline", "mfr", "baseline", "mfr"]
+    assert json.loads((tmp_path / "runs" / "k4_seed0_mfr" / "result.json").read_text()) == {"k": 4, "condition": "mfr"}
+    with pytest.raises(RuntimeError, match="append its result"):
+        for _ in pending_runs(tmp_path / "other", exp, conds, []):
+            pass

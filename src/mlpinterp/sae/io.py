@@ -51,7 +51,14 @@ import torch
 from torch import Tensor
 
 from mlpinterp.sae.topk import SaeConfig, TopKSae
-from mlpinterp.utils.artifact import ArtifactError, has_envelope, load_artifact, read_safetensors, save_artifact
+from mlpinterp.utils.artifact import (
+    Artifact,
+    ArtifactError,
+    has_envelope,
+    load_artifact,
+    read_safetensors,
+    save_artifacts,
+)
 
 KIND = "sae"
 """Artifact kind of the SAEs written here."""
@@ -78,7 +85,17 @@ def _reserved_keys() -> set[str]:
 def save_sae(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", "saelens"] = "sparsify",
              extra_cfg: dict | None = None, provenance: dict | None = None) -> Path:
     """Write ``sae`` to directory ``path`` in ``layout`` (see the module docstring) and return ``path``;
-    ``provenance``: what it was trained from (e.g. the training step), recorded in the artifact header.
+    ``provenance``: what it was trained from (e.g. the training step), recorded in the artifact header. Raises as
+    :func:`sae_artifact`, and :class:`~mlpinterp.utils.io.WriteError` when the write fails."""
+    save_artifacts([sae_artifact(sae, path, layout, extra_cfg, provenance)])
+    return Path(path)
+
+
+def sae_artifact(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", "saelens"] = "sparsify",
+                 extra_cfg: dict | None = None, provenance: dict | None = None) -> Artifact:
+    """The artifact :func:`save_sae` writes into directory ``path``: ``sae``'s weights (copied, input scale folded
+    in) and ``cfg.json`` in ``layout``, for :func:`~mlpinterp.utils.artifact.save_artifacts` (e.g. with the other
+    files of a training checkpoint, written together).
 
     Raises
     ------
@@ -124,9 +141,7 @@ def save_sae(sae: TopKSae, path: str | os.PathLike, layout: Literal["sparsify", 
                     "metadata": {"model_name": sae.model_name, "hook_name": sae.hook_point, "hook_head_index": None,
                                  "sae_lens_version": SAELENS_FORMAT, "sae_lens_training_version": None}})
     cfg.update(extra_cfg or {})
-    save_artifact(path / _WEIGHT_FILES[layout], tensors, kind=KIND, meta=cfg, meta_path=path / "cfg.json",
-                  provenance=provenance)
-    return path
+    return Artifact(tensors, cfg, provenance, KIND, path / _WEIGHT_FILES[layout], meta_path=path / "cfg.json")
 
 
 # ----------------------------------------------------------------------------- loading

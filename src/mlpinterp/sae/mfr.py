@@ -69,12 +69,12 @@ from mlpinterp.sae.inactivity import (
     INACTIVITY_MEASURES,
     should_reinit,
 )
-from mlpinterp.sae.io import check_provenance, save_sae
+from mlpinterp.sae.io import check_provenance, sae_artifact
 from mlpinterp.sae.metrics import firing_counts
 from mlpinterp.sae.mfr_penalty import pair_dissimilarity
 from mlpinterp.sae.optim import ScheduleFreeSignum
 from mlpinterp.sae.topk import SaeConfig, TopKSae
-from mlpinterp.utils.artifact import ArtifactError, load_artifact, save_artifact
+from mlpinterp.utils.artifact import Artifact, ArtifactError, load_artifact, save_artifacts
 from mlpinterp.utils.checkpoint import (
     TrainingDiverged,
     optimizer_tensors,
@@ -82,7 +82,6 @@ from mlpinterp.utils.checkpoint import (
     split_optimizer_tensors,
 )
 from mlpinterp.utils.config_diff import config_diff
-from mlpinterp.utils.io import atomic_write_json
 from mlpinterp.utils.schedules import cosine_half_rise
 from mlpinterp.utils.seeding import splitmix_seed
 from mlpinterp.utils.validation import Int, OneOf, check_fields, nonfinite_names
@@ -549,20 +548,17 @@ class MfrTrainer:
             self.estimate_input_scale(first)
             it = itertools.chain(first, it)
         with progress_bar(total=n_steps, initial=self.step, desc=desc, quiet=quiet or self.dist.rank != 0) as bar:
-            while self.step < n_steps:
-                try:
-                    x = next(it)
-                except StopIteration:
-                    break
-                rec = self.train_step(x)
-                bar.advance()
-                if self.step % 20 == 0:
-                    bar.postfix(recon=float(np.mean(rec["recon"])), pen=float(rec["penalty"] or 0.0))
-                if checkpoint_dir is not None and self.step % checkpoint_every == 0:
+            while True:
+                x = next(it, None) if self.step < n_steps else None  # None: the last step is done, or no batch left
+                if x is not None:
+                    rec = self.train_step(x)
+                    bar.advance()
+                    if self.step % 20 == 0:
+                        bar.postfix(recon=float(np.mean(rec["recon"])), pen=float(rec["penalty"] or 0.0))
+                if checkpoint_dir is not None and (x is None or self.step % checkpoint_every == 0):
                     self.save_checkpoint(checkpoint_dir)
-        if checkpoint_dir is not None:
-            self.save_checkpoint(checkpoint_dir)
-        return self.history
+                if x is None:
+                    return self.history
 
     def save_checkpoint(self, directory: str | os.PathLike) -> Path:
         """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically; raises
@@ -576,10 +572,11 @@ class MfrTrainer:
         if self.dist.mode == "ddp" and self.dist.rank != 0:
             return directory
         tensors: dict[str, Tensor] = {"window_counts": self.window_counts, "since_fired": self.since_fired}
+        files = []
         for local, (sae, opt) in enumerate(zip(self.saes, self.opts, strict=True)):
             i = self.owned[local]
             with self.averaged():
-                save_sae(sae, directory / f"sae_{i}")
+                files.append(sae_artifact(sae, directory / f"sae_{i}"))
             for k, v in sae.state_dict().items():
                 tensors[f"sae{i}.param.{k}"] = v
             tensors.update(optimizer_tensors(opt, f"sae{i}.opt"))
@@ -590,9 +587,10 @@ class MfrTrainer:
                 "history": self.history, "reinit_events": self.reinit_events, "checks": self.checks,
                 "assignments": {f"{a},{b}": [v[0].tolist(), v[1].tolist()] for (a, b), v in self._assignments.items()}}
         rank = self.dist.rank if self.dist.mode == "ensemble" else 0
-        save_artifact(directory / f"trainer_rank{rank}.safetensors", tensors, kind=CHECKPOINT_KIND, meta=meta,
-                      provenance={"step": self.step, "model_name": self.model_name, "hook_point": self.hook_point})
-        atomic_write_json(directory / "mfr_cfg.json", asdict(self.cfg))
+        files.append(Artifact(tensors, meta, {"step": self.step, "model_name": self.model_name,
+                                              "hook_point": self.hook_point},
+                              CHECKPOINT_KIND, directory / f"trainer_rank{rank}.safetensors"))
+        save_artifacts(files, {directory / "mfr_cfg.json": asdict(self.cfg)})
         return directory
 
     def load_checkpoint(self, directory: str | os.PathLike, *, allow_mismatch: bool = False,

@@ -34,11 +34,19 @@ from typing import Any
 
 import torch
 
-from mlpinterp.utils.io import WriteError, atomic_replace_all, atomic_write_bytes, bytes_writer, dumps_json, loads_json
+from mlpinterp.utils.io import (
+    WriteError,
+    atomic_replace_all,
+    atomic_write_bytes,
+    bytes_writer,
+    dumps_json,
+    json_ready,
+    loads_json,
+)
 
 __all__ = ["FORMAT", "Artifact", "ArtifactError", "WriteError", "artifact_digest", "artifact_kind", "artifact_sha256",
            "has_envelope", "load_artifact", "load_json_artifact", "read_safetensors", "save_artifact",
-           "save_json_artifact", "tensors_path"]
+           "save_artifacts", "save_json_artifact", "tensors_path"]
 
 FORMAT = 1
 """``mlpinterp_format`` of the artifacts written by this version."""
@@ -64,8 +72,10 @@ class ArtifactError(ValueError):
 
 @dataclass(frozen=True)
 class Artifact:
-    """A verified artifact: ``tensors`` (CPU, as saved), ``meta`` (the metadata document), ``provenance``, ``kind``,
-    the safetensors ``path`` and the ``sha256`` it was verified against."""
+    """An artifact: ``tensors``, ``meta`` (the metadata document), ``provenance``, ``kind``, the safetensors ``path``
+    and the metadata document's ``meta_path`` (``None``: the ``.json`` beside ``path``). Loaded, the tensors are on
+    the CPU as saved and ``sha256`` is the digest they were verified against; to be written
+    (:func:`save_artifacts`), ``sha256`` is not read (it is computed)."""
 
     tensors: dict[str, torch.Tensor]
     meta: Any
@@ -74,6 +84,7 @@ class Artifact:
     path: Path
     sha256: str = ""
     format: int = FORMAT
+    meta_path: Path | None = None
 
 
 def tensors_path(path: str | os.PathLike) -> Path:
@@ -103,10 +114,12 @@ def artifact_sha256(tensors: Mapping[str, torch.Tensor], *, kind: str, meta: Any
     the canonical JSON of ``[name, dtype, shape]``, a newline and its raw bytes (native little-endian, C order).
 
     Independent of the safetensors header layout and of JSON formatting; any changed tensor bit, name, dtype or
-    shape and any changed metadata value changes it."""
+    shape and any changed metadata value changes it. Raises ``ValueError`` naming the place of a NaN or infinity in
+    ``meta`` or ``provenance`` (e.g. ``meta['history'][3]['loss']``)."""
     h = hashlib.sha256()
-    head = {"mlpinterp_format": format, "kind": kind, "provenance": provenance, "meta": meta}
-    h.update(dumps_json(head, where="artifact metadata", indent=None).encode() + b"\n")
+    head = {"mlpinterp_format": format, "kind": kind, "provenance": json_ready(provenance, "provenance"),
+            "meta": json_ready(meta, "meta")}
+    h.update(dumps_json(head, indent=None).encode() + b"\n")
     for name in sorted(tensors):
         t = tensors[name]
         h.update(dumps_json([name, _dtype_name(t.dtype), list(t.shape)], indent=None).encode() + b"\n")
@@ -120,8 +133,6 @@ def _check_kind(kind: str) -> None:
 
 
 def _ready(meta: Any, provenance: Mapping | None) -> tuple[Any, dict]:
-    from mlpinterp.utils.io import json_ready
-
     if provenance is not None and not isinstance(provenance, Mapping):
         raise TypeError(f"provenance must be a dict or None, got {type(provenance).__name__}")
     return json_ready(meta, "meta"), json_ready(dict(provenance or {}), "provenance")
@@ -146,22 +157,55 @@ def save_artifact(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], 
         The disk is full or the directory is not writable (an ``OSError``): neither final name was touched (an
         artifact already there stays as it was).
     """
-    from safetensors.torch import save_file
+    art = Artifact(dict(tensors), meta, provenance, kind, Path(path),
+                   meta_path=None if meta_path is None else Path(meta_path))
+    return save_artifacts([art])[0]
 
-    _check_kind(kind)
-    path = tensors_path(path)
-    meta, provenance = _ready({} if meta is None else meta, provenance)
-    bad = [k for k, v in tensors.items() if not isinstance(k, str) or not torch.is_tensor(v)]
+
+def save_artifacts(artifacts: Iterable[Artifact], documents: Mapping[str | os.PathLike, Any] | None = None
+                   ) -> list[Path]:
+    """Write several artifacts, and plain strict-JSON ``documents`` (``{path: value}``, indented, not hashed),
+    together: every file is written to a temporary file first and renamed into place only when all were written
+    (:func:`~mlpinterp.utils.io.atomic_replace_all`), so a failure leaves every final name as it was. Each artifact
+    as :func:`save_artifact` writes it. Returns the artifacts' ``.safetensors`` paths, in order.
+
+    Raises as :func:`save_artifact` (``TypeError`` also for an item that is not an :class:`Artifact`), before
+    anything is written."""
+    items = [_checked(a) for a in artifacts]
+    # from here on the canonical JSON and the files (utils.io); the digest refuses a NaN or infinity, naming its place
+    writes, paths = [], []
+    for path, meta_path, flat, kind, meta, provenance in items:
+        digest = artifact_sha256(flat, kind=kind, meta=meta, provenance=provenance)
+        header = {"mlpinterp_format": str(FORMAT), "kind": kind, "sha256": digest,
+                  "provenance": dumps_json(provenance, indent=None)}
+        writes += [(path, _safetensors_writer(flat, header)), (meta_path, bytes_writer(dumps_json(meta).encode()))]
+        paths.append(path)
+    writes += [(Path(p), bytes_writer(dumps_json(v, where=str(p)).encode())) for p, v in (documents or {}).items()]
+    atomic_replace_all(writes)
+    return paths
+
+
+def _checked(art: Artifact) -> tuple:
+    """``(path, meta_path, tensors on the CPU, kind, meta, provenance)`` of ``art`` to be written, after the checks
+    that need no JSON (the JSON values are checked when the digest is computed)."""
+    if not isinstance(art, Artifact):
+        raise TypeError(f"artifacts must be Artifact instances, got {type(art).__name__}")
+    _check_kind(art.kind)
+    if art.provenance is not None and not isinstance(art.provenance, Mapping):
+        raise TypeError(f"provenance must be a dict or None, got {type(art.provenance).__name__}")
+    bad = [k for k, v in art.tensors.items() if not isinstance(k, str) or not torch.is_tensor(v)]
     if bad:
         raise TypeError(f"tensors must map names (str) to torch tensors; bad entries {bad[:3]!r}")
-    flat = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    digest = artifact_sha256(flat, kind=kind, meta=meta, provenance=provenance)
-    header = {"mlpinterp_format": str(FORMAT), "kind": kind, "sha256": digest,
-              "provenance": dumps_json(provenance, indent=None)}
-    text = dumps_json(meta, where="meta").encode()
-    atomic_replace_all([(path, lambda tmp: save_file(flat, tmp, metadata=header)),
-                        (_meta_path(path, meta_path), bytes_writer(text))])
-    return path
+    path = tensors_path(art.path)
+    flat = {k: v.detach().cpu().contiguous() for k, v in art.tensors.items()}
+    return (path, _meta_path(path, art.meta_path), flat, art.kind, {} if art.meta is None else art.meta,
+            dict(art.provenance or {}))
+
+
+def _safetensors_writer(flat: dict[str, torch.Tensor], header: dict[str, str]):
+    from safetensors.torch import save_file
+
+    return lambda tmp: save_file(flat, tmp, metadata=header)
 
 
 def read_safetensors(path: str | os.PathLike, *, what: str = "file") -> tuple[dict[str, torch.Tensor], dict]:
@@ -261,8 +305,6 @@ def _expect_provenance(recorded: Mapping, expected: Mapping | None, path: Path, 
     (values compare after conversion to JSON: tuples equal lists)."""
     if not expected:
         return
-    from mlpinterp.utils.io import json_ready
-
     diffs = []
     for key, want in json_ready(dict(expected), "expected provenance").items():
         if key not in recorded:

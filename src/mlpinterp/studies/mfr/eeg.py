@@ -63,7 +63,7 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
     n_vectors = data["train"].shape[0] + data["held_out"].shape[0]
     pipeline_s = data["seconds"]["read"] + data["seconds"]["preprocess"]
     results: list[dict] = []
-    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+    for k, seed, cond, (penalty, reinit, alpha), run_dir in pending_runs(out, exp, conds, results):
         cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
                         reinit=reinit, lr=exp.lr, rematch_every=exp.rematch_every, alpha=alpha,
                         inactivity_threshold=exp.inactivity_threshold, reinit_until=exp.steps // 2,
@@ -86,7 +86,6 @@ def _run_eeg(rd: RunDir, exp: EegExperiment, conds: dict, data_dir: str | os.Pat
                "train_vectors_per_second": (exp.steps - step0) * exp.batch_size / seconds if seconds else
                float("nan"),
                "saebench_core": [core_metrics(s.cpu().eval(), held) for s in trainer.saes]}
-        atomic_write_json(done, res)
         results.append(res)
     summary = summarise(results, ["fvu", "l0", "dead_fraction"])
     improvement = fvu_improvement_pct(summary, exp.k_values)

@@ -70,8 +70,10 @@ def eval_saes(trainer: MfrTrainer, x: torch.Tensor) -> tuple[list[float], np.nda
 def pending_runs(out: Path, exp, conds: dict, results: list[dict]) -> Iterator[tuple]:
     """The runs of a study's grid (every k of ``exp.k_values`` x seed x condition of ``conds``), in that order: a
     finished run (``out/runs/k{k}_seed{seed}_{cond}/result.json``) has its result appended to ``results`` and is
-    skipped; each other one is yielded as ``(k, seed, cond, (penalty, reinit, alpha), run_dir, result_path)``, and its
-    caller appends its result to ``results`` before asking for the next, so ``results`` stays in grid order."""
+    skipped; each other one is yielded as ``(k, seed, cond, (penalty, reinit, alpha), run_dir)``. Its caller appends
+    its result to ``results`` before asking for the next run (or leaving the loop), and that result is then written
+    to the run's ``result.json`` (atomically), so ``results`` stays in grid order and every result is on disk once
+    the grid is done. Raises ``RuntimeError`` if the caller asked for the next run without appending a result."""
     for k in exp.k_values:
         for seed in range(exp.seeds):
             for cond, spec in conds.items():
@@ -80,7 +82,12 @@ def pending_runs(out: Path, exp, conds: dict, results: list[dict]) -> Iterator[t
                 if done.exists():
                     results.append(json.loads(done.read_text()))
                     continue
-                yield k, seed, cond, spec, run_dir, done
+                n = len(results)
+                yield k, seed, cond, spec, run_dir
+                if len(results) != n + 1:
+                    raise RuntimeError(f"run k={k} seed={seed} {cond}: append its result to results before asking "
+                                       "for the next run")
+                atomic_write_json(done, results[-1])
 
 
 def run_synthetic(out: str | os.PathLike, exp: SyntheticExperiment = SyntheticExperiment(), *,
@@ -95,7 +102,7 @@ def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: boo
     out = rd.path
     results: list[dict] = []
     data_of = None
-    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+    for k, seed, cond, (penalty, reinit, alpha), run_dir in pending_runs(out, exp, conds, results):
         if (k, seed) != data_of:  # the synthetic data of this (k, seed), made once for its conditions
             data_of, data = (k, seed), SyntheticData(SyntheticConfig(k_active=k, seed=seed))
             held = data.batch(10_000_000, exp.eval_samples).x  # far beyond any training index
@@ -103,9 +110,7 @@ def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: boo
         if base is not None and base["condition"] == "baseline" and not base.get("would_reinit", True):
             # Re-initialisation is a deterministic function of the trajectory: if the baseline's
             # inactivity measure never crossed the threshold, the reinit run is the baseline run.
-            res = {**base, "condition": "reinit", "reused_baseline": True}
-            atomic_write_json(done, res)
-            results.append(res)
+            results.append({**base, "condition": "reinit", "reused_baseline": True})
             continue
         cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k, tied=exp.tied), n_saes=exp.n_saes,
                         penalty=penalty, reinit=reinit, inactivity_threshold=exp.inactivity_threshold,
@@ -135,7 +140,6 @@ def _run_synthetic(rd: RunDir, exp: SyntheticExperiment, conds: dict, quiet: boo
             "inactivity_threshold": exp.inactivity_threshold,
             "saebench_core": [core_metrics(sae, held) for sae in trainer.saes],
         }
-        atomic_write_json(done, res)
         results.append(res)
     summary = summarise(results, ["mmcs_truth", "fvu", "mmcs_cross", "correlation", "n_reinits"])
     metrics = {"setting": "synthetic", "experiment": asdict(exp), "run_kind": run_kind(exp), "paper": PAPER,
@@ -209,7 +213,7 @@ def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, dev
     held = hook_activations(model, exp.hook_point, eval_ids)
     held = held[~torch.isin(eval_ids, torch.tensor(tok.all_special_ids))].float()
     results: list[dict] = []
-    for k, seed, cond, (penalty, reinit, alpha), run_dir, done in pending_runs(out, exp, conds, results):
+    for k, seed, cond, (penalty, reinit, alpha), run_dir in pending_runs(out, exp, conds, results):
         src = ActivationSource(model, tok, replace(acfg, seed=seed), texts=train_texts, cache_dir=cache)
         cfg = MfrConfig(sae=SaeConfig(d_sae=exp.d_sae, k=k), n_saes=exp.n_saes, penalty=penalty,
                         reinit=reinit, rematch_every=exp.rematch_every, alpha=alpha,
@@ -241,7 +245,6 @@ def _run_minilm(rd: RunDir, exp: MinilmExperiment, conds: dict, quiet: bool, dev
         else:
             res.update({"cosine_recovered": [c["embedding_preservation"]["embedding_cossim_score"] for c in core],
                         "mse_recovered": [c["embedding_preservation"]["embedding_mse_score"] for c in core]})
-        atomic_write_json(done, res)
         results.append(res)
     keys = ["fvu", "l0", "dead_fraction", "loss_recovered", "ce_clean", "ce_spliced", "ce_zero"] if is_lm else \
         ["fvu", "l0", "dead_fraction", "cosine_recovered", "mse_recovered"]
