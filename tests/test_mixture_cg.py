@@ -802,11 +802,11 @@ def test_warm_state_is_consistent_after_a_warm_start(init):
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 def test_factored_apply_matches_the_generic_operator(act):
-    # the right-hand side and the anchor's M theta from the ridge factors (factored.py) against the generic
+    # the right-hand side and the anchor's M theta from the ridge factors (MixtureOperator.apply_factored) against the generic
     # per-component operator on the formed [o, r, r] tensors (operator._component_apply), on a rank-deficient
     # mixture with a zero-weight component
     from mlpinterp.poly.mixture.coordinates import quadratic_in_u
-    from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u
+    from mlpinterp.poly.mixture.factored import factored_quadratic_in_u
     from mlpinterp.poly.ridge import fit_ridge
 
     rng = np.random.default_rng(11)
@@ -818,19 +818,19 @@ def test_factored_apply_matches_the_generic_operator(act):
     t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
     ridges = [fit_ridge(net, c, 2) for c in mix.components]
     dense = op.apply(None, components=[t(quadratic_in_u(p, coords)) for p in ridges])
-    fact = apply_factored(op, [factored_quadratic_in_u(p, coords) for p in ridges])
+    fact = op.apply_factored([factored_quadratic_in_u(p, coords) for p in ridges])
     pooled = fit_ridge(net, mix.pooled(), 2)
     dense_a = op.apply(t(quadratic_in_u(pooled, coords)))
-    fact_a = apply_factored(op, factored_quadratic_in_u(pooled, coords))
+    fact_a = op.apply_factored(factored_quadratic_in_u(pooled, coords))
     for got, want in [*zip(fact, dense, strict=True), *zip(fact_a, dense_a, strict=True)]:
         assert got.shape == want.shape
         assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
     with pytest.raises(ValueError, match="one FactoredQuadratic or 4"):
-        apply_factored(op, [factored_quadratic_in_u(p, coords) for p in ridges[:2]])
+        op.apply_factored([factored_quadratic_in_u(p, coords) for p in ridges[:2]])
     q = factored_quadratic_in_u(pooled, coords)
     with pytest.raises(ValueError, match=r"b \(3, 6\).*the operator expects c \[3\], b \[3, 7\]"):
-        apply_factored(op, dataclasses.replace(q, b=q.b[:, :-1]))
+        op.apply_factored(dataclasses.replace(q, b=q.b[:, :-1]))
     assert factored_quadratic_in_u(fit_ridge(net, mix.pooled(), 3), coords) is None  # degree 3: the generic path
     op32 = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="op must be the float64 mixture operator, got one working in torch.float32"):
-        apply_factored(op32, q)
+        op32.apply_factored(q)

@@ -27,7 +27,8 @@ from mlpinterp.paramspace.forward import run_with_components
 from mlpinterp.paramspace.losses import faithfulness_loss, minimality_loss
 from mlpinterp.utils.validation import check_real
 
-__all__ = ["faithfulness_loss", "importance_minimality_loss", "layerwise_recon_loss", "stochastic_recon_loss"]
+__all__ = ["faithfulness_loss", "importance_minimality", "importance_minimality_loss", "layerwise_recon_loss",
+           "stochastic_recon_loss"]
 
 
 def _check_per_site(comps: Components, values: Mapping[str, torch.Tensor], what: str, kind: str,

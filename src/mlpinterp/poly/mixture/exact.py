@@ -18,7 +18,7 @@ from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
 from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
-from mlpinterp.poly.mixture.factored import apply_factored, factored_quadratic_in_u
+from mlpinterp.poly.mixture.factored import factored_quadratic_in_u
 from mlpinterp.poly.mixture.moment_dense import solve_dense
 from mlpinterp.poly.mixture.operator import (
     PRECONDITIONERS,
@@ -294,7 +294,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     ridges = [fit_ridge(network, comp, 2) for comp in mixture.components]
     factors = [factored_quadratic_in_u(p, coords) for p in ridges]
     if all(f is not None for f in factors):  # an MLP: from the ridge factors, never the [o, r, r] tensors (factored.py)
-        rhs = apply_factored(op64, factors)
+        rhs = op64.apply_factored(factors)
     else:  # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
         rhs = op64.apply(None, components=(as_t(quadratic_in_u(p, coords)) for p in ridges))
     del ridges, factors
@@ -306,7 +306,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
         if init != "pooled":
             return rhs
         if pooled_factors is not None:
-            return theta_sub(rhs, apply_factored(op64, pooled_factors))
+            return theta_sub(rhs, op64.apply_factored(pooled_factors))
         return theta_sub(rhs, apply_cast(fallback or op64, anchor))
 
     t_rhs = time.perf_counter()

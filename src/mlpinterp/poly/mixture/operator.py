@@ -14,8 +14,8 @@ O(r^3) per component and output (two matrix products), batched over outputs, nev
 The right-hand side needs only Gaussian moments too: the single-Gaussian projection
 ``p_k = fit_ridge(network, component_k, 2)`` has the same moments of degree <= 2 as f under component k,
 so ``E_k[f z] = E_k[p_k z]`` and ``E_mix[f z] = sum_k pi_k M_k theta_k``.
-For an MLP ``theta_k``'s quadratic part has rank <= d_hidden, and ``factored.apply_factored`` computes this sum
-from the ridge factors without forming any ``[o, r, r]`` theta_k (GLUs use ``apply(None, components=...)``).
+For an MLP ``theta_k``'s quadratic part has rank <= d_hidden, and ``MixtureOperator.apply_factored`` computes this
+sum from the ridge factors without forming any ``[o, r, r]`` theta_k (GLUs use ``apply(None, components=...)``).
 
 Preconditioners. Because u has identity second moment under the mixture, the linear block of M is exactly the
 identity and the constant couples to A only through ``E[p] = c + tr A``. ``"diagonal"`` (default) inverts M
@@ -39,7 +39,7 @@ non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint, so 
 ``H + H^T`` (exactly symmetric). On the CPU the second GEMM of each pair computes only the block-lower part of its
 symmetric answer (``_add_sandwiches``). Measured costs: docs/measurements.md, "Mixture solver".
 
-Public interface to the solver: :class:`MixtureOperator`, :func:`operator_structure`,
+Public interface to the solver: :class:`MixtureOperator` (``apply``, ``apply_factored``, ``precondition_flat``), :func:`operator_structure`,
 :class:`IndefiniteOperatorError`, the parameter-vector algebra on ``(c [o], b [o, r], A [o, r, r])`` tuples
 (:func:`theta_dot`, :func:`theta_sub`, :func:`theta_sub_into`, :func:`theta_norm`, :func:`relative_residual`,
 :func:`theta_cast`, :func:`flatten_theta`, :func:`unflatten_theta`, :func:`symmetric_part`,
@@ -52,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlpinterp.poly.mixture.coordinates import SupportCoordinates
+from mlpinterp.poly.mixture.factored import FactoredQuadratic
 
 PRECONDITIONERS = ("diagonal", "pooled", "none")
 #: Eigenvalues of the preconditioner's (c, diag A) block, and moments ``E[u_i^2 u_j^2]``, at or below this
@@ -244,6 +245,70 @@ class MixtureOperator:
         # H + H^T: the operator's answer is exactly symmetric, so CG stays on symmetric A (the polynomial's
         # coefficients; on a non-symmetric A this operator, b' = b + 2 A m, is not self-adjoint)
         return g0, g1, _add_transpose_(g2)
+
+    def apply_factored(self, quadratics):
+        """``sum_k pi_k M_k theta_k`` (``apply(None, components=...)``) for factored ``theta_k``, in float64, on a
+        float64 operator (its means are kept in its working dtype): the right-hand side and the anchor's
+        ``M theta`` (:mod:`~mlpinterp.poly.mixture.factored` gives the form and its cost).
+
+            quadratics : K ``FactoredQuadratic`` (one per component, in the mixture's order) or a single one, used for
+            every component (``M theta``, e.g. for the pooled-Gaussian anchor)
+        Returns ``(g0 [o], g1 [o, r], g2 [o, r, r])`` float64 tensors on the operator's device.
+        Raises ValueError when this is not a float64 operator, the number of quadratics is not K or their shapes
+        disagree with the operator.
+        """
+        import torch
+
+        if self.work_dtype != torch.float64:
+            raise ValueError(f"op must be the float64 mixture operator, got one working in {self.work_dtype}")
+        K, r = len(self.pi), self.r
+        if isinstance(quadratics, FactoredQuadratic):
+            quadratics = [quadratics] * K
+        quadratics = list(quadratics)
+        if len(quadratics) != K:
+            raise ValueError(f"quadratics must be one FactoredQuadratic or {K} (one per component), got {len(quadratics)}")
+        dev = self._S64.device
+        t = lambda a: torch.as_tensor(a, dtype=torch.float64, device=dev)  # noqa: E731
+        o = quadratics[0].c.shape[0]
+        for q in quadratics:
+            if q.c.shape != (o,) or q.b.shape != (o, r) or q.L.shape[1] != r or q.w.shape != (o, q.L.shape[0]):
+                raise ValueError(f"factored quadratic has shapes c {q.c.shape}, b {q.b.shape}, L {q.L.shape}, w {q.w.shape}; "
+                                 f"the operator expects c [{o}], b [{o}, {r}], L [h, {r}], w [{o}, h]")
+        self.n_apply += 1
+        m, pi = self.m, self.pi
+        pe0 = torch.zeros(o, K, dtype=torch.float64, device=dev)
+        ev = torch.zeros(K, o, r, dtype=torch.float64, device=dev)
+        Gs, Ws = [], []
+        for k, q in enumerate(quadratics):
+            if pi[k] == 0.0:
+                continue
+            S, mk = self._S64[k], m[k]
+            L, w, c, b = t(q.L), t(q.w), t(q.c), t(q.b)
+            Lm = L @ mk  # [h]
+            Am = (w * Lm) @ L  # [o, r]  A m_k
+            G = L @ S  # [h, r]
+            trAS = w @ (G * L).sum(1)  # [o]
+            e0 = c + b @ mk + w @ (Lm * Lm) + trAS  # E_k[p]
+            ev[k] = (b + 2 * Am) @ S  # E_k[p v]
+            pe0[:, k] = pi[k] * e0
+            Gs.append(G)
+            Ws.append(2.0 * pi[k] * w)
+        g0 = pe0.sum(1)
+        pi_t = self.pi_t
+        g1 = pe0 @ m + torch.einsum("k,kos->os", pi_t, ev)
+        Q = self._S64 + m[:, :, None] * m[:, None, :]  # E_k[u u^T]
+        g2 = (pe0 @ Q.reshape(K, r * r)).reshape(o, r, r)  # sum_k pi_k E_k[p] (S_k + m_k m_k^T)
+        del Q
+        W = torch.einsum("kr,kos->ors", m * pi_t[:, None], ev)  # sum_k pi_k m_k E_k[p v]^T
+        g2 += W
+        g2 += W.transpose(1, 2)
+        del W
+        if Gs:
+            Gall = torch.cat(Gs)  # [K h, r]
+            Wall = torch.cat(Ws, 1)  # [o, K h]
+            for j in range(o):  # one [r, K h] x [K h, r] GEMM per output: sum_k 2 pi_k S_k A_k S_k
+                g2[j].addmm_(Gall.T * Wall[j], Gall)
+        return g0, g1, g2
 
     def precondition_flat(self, F):
         """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
