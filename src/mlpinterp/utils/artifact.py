@@ -24,6 +24,7 @@ mlpinterp, or hand-made) is refused as unverifiable. Write failures raise :class
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -171,6 +172,8 @@ def save_artifacts(artifacts: Iterable[Artifact], documents: Mapping[str | os.Pa
 
     Raises as :func:`save_artifact` (``TypeError`` also for an item that is not an :class:`Artifact`), before
     anything is written."""
+    from safetensors.torch import save_file
+
     items = [_checked(a) for a in artifacts]
     # from here on the canonical JSON and the files (utils.io); the digest refuses a NaN or infinity, naming its place
     writes, paths = [], []
@@ -178,7 +181,8 @@ def save_artifacts(artifacts: Iterable[Artifact], documents: Mapping[str | os.Pa
         digest = artifact_sha256(flat, kind=kind, meta=meta, provenance=provenance)
         header = {"mlpinterp_format": str(FORMAT), "kind": kind, "sha256": digest,
                   "provenance": dumps_json(provenance, indent=None)}
-        writes += [(path, _safetensors_writer(flat, header)), (meta_path, bytes_writer(dumps_json(meta).encode()))]
+        writes += [(path, functools.partial(save_file, flat, metadata=header)),  # (tmp) -> the tensors in tmp
+                   (meta_path, bytes_writer(dumps_json(meta).encode()))]
         paths.append(path)
     writes += [(Path(p), bytes_writer(dumps_json(v, where=str(p)).encode())) for p, v in (documents or {}).items()]
     atomic_replace_all(writes)
@@ -200,12 +204,6 @@ def _checked(art: Artifact) -> tuple:
     flat = {k: v.detach().cpu().contiguous() for k, v in art.tensors.items()}
     return (path, _meta_path(path, art.meta_path), flat, art.kind, {} if art.meta is None else art.meta,
             dict(art.provenance or {}))
-
-
-def _safetensors_writer(flat: dict[str, torch.Tensor], header: dict[str, str]):
-    from safetensors.torch import save_file
-
-    return lambda tmp: save_file(flat, tmp, metadata=header)
 
 
 def read_safetensors(path: str | os.PathLike, *, what: str = "file") -> tuple[dict[str, torch.Tensor], dict]:
