@@ -112,12 +112,10 @@ def mixture_route(degree: int, method: str, d_in: int, options: dict, K: int = 1
     ``"dense"`` or ``"sgd"`` (the one place where the mixture methods are dispatched).
 
     Degree <= 1 is the closed form (``"linear"``) for every exact method. Degree 2 with ``"auto"``/``"exact"`` is
-    the dense Cholesky solve cached per mixture (``"cached"``) when its feature count fits
-    (``cached_dense.MAX_FEATURES``), its ``K`` Gram matrices (``cached_dense.gram_bytes``) fit in
-    ``cached_dense.MAX_CACHED_BYTES`` and in the available memory, and no option of the CG solver is given, else
-    ``"cg"`` (memory O(K r^2)); other degrees with
-    ``"auto"``/``"exact"`` are ``"dense"``. Options in :data:`PRESENTATION_OPTIONS` (``progress``) never change the
-    route.
+    the dense Cholesky solve cached per mixture (``"cached"``) when it fits (``cached_dense.fits``: its feature
+    count and its ``K`` Gram matrices within its limits and the available memory) and no option of the CG solver
+    is given, else ``"cg"`` (memory O(K r^2)); other degrees with ``"auto"``/``"exact"`` are ``"dense"``. Options
+    in :data:`PRESENTATION_OPTIONS` (``progress``) never change the route.
 
     Raises ``ValueError`` for an unknown method.
     """
@@ -130,13 +128,9 @@ def mixture_route(degree: int, method: str, d_in: int, options: dict, K: int = 1
     if method in ("cg", "dense"):
         return method
     if degree == 2:
-        from mlpinterp.poly.mixture import cached_dense
-        from mlpinterp.utils.memory import USABLE_FRACTION, available_bytes
+        from mlpinterp.poly.mixture.cached_dense import fits
 
-        solver_options = set(options) - PRESENTATION_OPTIONS
-        fits = cached_dense.gram_bytes(K, d_in) <= min(cached_dense.MAX_CACHED_BYTES, USABLE_FRACTION * available_bytes())
-        return "cached" if not solver_options and cached_dense.feature_count(d_in) <= cached_dense.MAX_FEATURES \
-            and fits else "cg"
+        return "cached" if not set(options) - PRESENTATION_OPTIONS and fits(K, d_in) else "cg"
     return "dense"
 
 

@@ -63,6 +63,16 @@ def feature_count(r: int) -> int:
     return (r + 1) * (r + 2) // 2
 
 
+def fits(K: int, d_in: int) -> bool:
+    """Whether the cached solve fits for ``K`` components in ``d_in`` dimensions (the support's rank r is at most
+    ``d_in``): its feature count within :data:`MAX_FEATURES` and its ``K`` Gram matrices (:func:`gram_bytes`) within
+    :data:`MAX_CACHED_BYTES` and the usable share of the memory available now (``utils.memory``)."""
+    from mlpinterp.utils.memory import USABLE_FRACTION, available_bytes
+
+    return feature_count(d_in) <= MAX_FEATURES and \
+        gram_bytes(K, d_in) <= min(MAX_CACHED_BYTES, USABLE_FRACTION * available_bytes())
+
+
 def _component_gram(a: np.ndarray, C: np.ndarray, iu) -> np.ndarray:
     """E[z z^T] for u ~ N(a, C), z = (1, u, u_i u_j (i <= j)); Isserlis for moments up to order 4."""
     r = a.shape[0]
