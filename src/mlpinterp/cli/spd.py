@@ -37,9 +37,9 @@ class SpdRepro(ToyRepro):
     compile: bool = True
     """torch.compile the causal-importance MLPs (the step's hot path: faster steps on the CPU,
     docs/measurements.md; needs a C++ compiler on the CPU). A run resumes only with the same choice."""
-    recipe: Literal["current", "paper"] | None = option(None, show_default="current; paper for resid-mlp-2")
-    """current (the default, paper for resid-mlp-2, where current is not implemented; the recipe that measured
-    better across seeds, docs/guides/spd.md): the SPD reference implementation's recipe of Feb 2026
+    recipe: Literal["current", "paper"] | None = None
+    """Default: current (paper for resid-mlp-2, where current is not implemented), the recipe that measured better
+    across seeds (docs/guides/spd.md). current: the SPD reference implementation's recipe of Feb 2026
     (goodfire-ai/spd): a delta component instead of the faithfulness loss, a 200-step faithfulness warm-up, fresh
     layerwise masks, the lower hard sigmoid clamped to [0, 1], tied factors as two optimiser parameters, its step
     counts (TMS 10k, 40-10+ID 20k, resid-MLP-1 20k) and, for TMS, its cosine annealing. paper: the SPD paper's
