@@ -261,3 +261,12 @@ def test_option_metadata_is_checked():
     with pytest.raises(TypeError, match="unknown CLI metadata"):
         option(1, flags="--x")
     assert inspect.signature(option).parameters["check"].default is None
+
+
+def test_cli_messages_speak_cli(tmp_path):
+    """An option combination the library refuses in its own words (``penalty=True``) is named by the options."""
+    from mlpinterp.cli.main import app
+
+    res = runner.invoke(app, ["sae", "train", "--mfr", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "Error: --mfr needs --n-saes >= 2" in res.output and "=True" not in res.output
+    assert not (tmp_path / "o").exists()

@@ -86,6 +86,9 @@ class SaeTrainCommand(CommandConfig, Out, Device, Quiet, Threads):
     """Fields that act on the model-streaming path only; ``--activations`` trains one plain SAE on the CPU."""
 
     def validate(self) -> None:
+        if self.mfr and self.n_saes < 2:  # MfrConfig's rule (penalty needs two SAEs), in the options' words
+            raise invalid(f"--mfr needs --n-saes >= 2 (the penalty compares SAEs), got --n-saes {self.n_saes}",
+                          "pass --n-saes 2 or more, or drop --mfr")
         if self.k > self.d_sae:
             raise invalid(f"--k {self.k} must be <= --d-sae {self.d_sae} (TopK keeps k of the d_sae latents)",
                           "pass a smaller --k or a larger --d-sae")
