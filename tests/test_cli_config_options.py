@@ -270,3 +270,40 @@ def test_cli_messages_speak_cli(tmp_path):
     res = runner.invoke(app, ["sae", "train", "--mfr", "--out", str(tmp_path / "o")])
     assert res.exit_code == 1 and "Error: --mfr needs --n-saes >= 2" in res.output and "=True" not in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_choices_are_the_studies_own_lists():
+    """A setting offered as a choice is exactly the study's list of settings (one source of names)."""
+    import typing
+
+    from mlpinterp.cli import apd, approx, paramspace, polynomial, spd, three_spaces, transformer
+    from mlpinterp.models.config import ACTIVATION_NAMES, ARCHS
+    from mlpinterp.studies.apd.settings import SETTINGS as APD
+    from mlpinterp.studies.polynomial.settings import DATASET_DEFAULTS, PolynomialReproConfig
+    from mlpinterp.studies.spd.settings import RECIPES
+    from mlpinterp.studies.spd.settings import SETTINGS as SPD
+    from mlpinterp.studies.three_spaces.settings import SETTINGS as THREE
+    from mlpinterp.studies.transformer.settings import INPUT_MODELS
+    from mlpinterp.toys.settings import FIDELITIES
+
+    def choices(cls, name):
+        hint = typing.get_type_hints(cls)[name]
+        for _ in range(3):  # X | None, tuple[X, ...]
+            args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+            if typing.get_origin(hint) is typing.Literal:
+                return typing.get_args(hint)
+            hint = args[0]
+        raise AssertionError(hint)
+
+    assert choices(apd.ApdRepro, "setting") == choices(apd.ApdTarget, "setting") == APD
+    assert choices(spd.SpdRepro, "setting") == choices(spd.SpdTarget, "setting") == SPD
+    assert choices(three_spaces.ThreeSpacesCommand, "setting") == THREE
+    assert choices(transformer.TransformerCommand, "input_model") == INPUT_MODELS
+    assert set(choices(spd.SpdRepro, "recipe")) == set(RECIPES)
+    assert choices(apd.ApdRepro, "fidelity") == typing.get_args(paramspace.Fidelity) == FIDELITIES
+    datasets = tuple(DATASET_DEFAULTS)
+    assert choices(polynomial.TrainCommand, "dataset") == choices(PolynomialReproConfig, "dataset") == datasets
+    assert typing.get_args(approx.Dataset) == datasets
+    assert choices(polynomial.TrainCommand, "arch") == choices(PolynomialReproConfig, "arch") == ARCHS
+    assert choices(polynomial.TrainCommand, "activation") == choices(PolynomialReproConfig, "activation") == \
+        ACTIVATION_NAMES
