@@ -41,6 +41,7 @@ def fail(message: str, fix: str | None = None) -> NoReturn:
 
 
 def want_traceback() -> bool:
+    """Whether ``MLPINTERP_TRACEBACK`` asks for the traceback of an expected failure (a bug report)."""
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
