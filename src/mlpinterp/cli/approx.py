@@ -28,7 +28,7 @@ _WEIGHTS_FIX = ("pass a classifier checkpoint (step_N.safetensors written by `ml
 class ApproxCommand(CommandConfig):
     """Inputs of ``mlpinterp approx``."""
 
-    weights: Path = option(argument=True)
+    weights: Path = option(argument=True, metavar="WEIGHTS")
     """Network weights: a classifier checkpoint (step_*.safetensors), or a .safetensors/.npz with W1,b1,W2,b2 (MLP)
     or W,b,V,c[,W2,b2] (GLU)."""
     degree: int = option(2, check=Int(0, what="a non-negative integer"))

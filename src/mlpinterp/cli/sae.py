@@ -105,7 +105,7 @@ class SaeTrainCommand(CommandConfig, Out, Device, Quiet, Threads):
 class SaeEvalCommand(CommandConfig):
     """Inputs of ``sae eval``."""
 
-    sae_dir: Path = option(argument=True)
+    sae_dir: Path = option(argument=True, metavar="SAE_DIR")
     """Directory holding cfg.json + the .safetensors (ours, sparsify's or SAELens's)."""
     model: str | None = option(None, show_default="the one the SAE records")
     """Model: 'minilm' or a local path."""
