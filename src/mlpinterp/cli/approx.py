@@ -1,7 +1,7 @@
 """CLI: ``mlpinterp approx WEIGHTS``: the exact least-squares polynomial approximant of a network and its FVU.
 
     mlpinterp approx WEIGHTS [--degree 2] [--activation relu] [--distribution standard|gaussian|mixture --dataset D]
-        [--mean MEAN.npy --cov COV.npy] [--data DIR] [--out PATH] [--samples N]
+        [--mean MEAN.npy --cov COV.npy] [--data DIR] [--out PATH] [--samples N] [--fvu-method auto|exact|monte-carlo]
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ class ApproxCommand(CommandConfig):
     out: Path | None = option(None, metavar="PATH")
     """Write the approximant here (PATH.safetensors + PATH.json)."""
     samples: int = 100_000
-    """Monte Carlo samples when the FVU has no closed form."""
+    """Monte Carlo samples when the FVU has no closed form (or with --fvu-method monte-carlo)."""
+    fvu_method: Literal["auto", "exact", "monte-carlo"] = "auto"
+    """How the FVU is computed: auto (exact when a closed form exists, else Monte Carlo with --samples), exact, or
+    monte-carlo (memory independent of d_hidden^2)."""
 
     def validate(self) -> None:
         if (self.mean is None) != (self.cov is None):
@@ -192,7 +195,7 @@ def approx(cfg: ApproxCommand) -> None:
     except TypeError as e:  # a network or law the solvers do not take: named by the library
         raise invalid(str(e)) from e
     try:
-        r = fvu(net, p, dist, n_samples=cfg.samples)
+        r = fvu(net, p, dist, n_samples=cfg.samples, method=cfg.fvu_method)
     except ValueError as e:
         raise invalid(str(e).replace("n_samples", "--samples"), getattr(e, "fix", None)) from e
     con = console()
