@@ -951,6 +951,13 @@ def _invoke(args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def _expected_failure(res):
+    """The CLI's exit-code policy for a bad value or file: ``Error:``/``Fix:``, exit 1, no traceback."""
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.exit_code, repr(res.exception),
+                                                                           res.output)
+    assert "Error:" in res.output and "Fix:" in res.output and "Traceback" not in res.output, res.output
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [
@@ -962,9 +969,9 @@ def _invoke(args):
         (["--activation", "relu", "--distribution", "gaussian"], "needs --dataset"),
     ],
 )
-def test_cli_approx_bad_options_exit_2(weights, extra, match):
+def test_cli_approx_bad_options_exit_1(weights, extra, match):
     res = _invoke(["approx", weights, *[e.format(tmp=weights.parent) for e in extra]])
-    assert res.exit_code == 2, res.output
+    _expected_failure(res)
     assert re.search(match, flat(res.output)), flat(res.output)
 
 
@@ -982,12 +989,13 @@ def test_cli_approx_ok_and_nan_weights(weights, tmp_path):
         tmp_path / "nan.safetensors",
     )
     res = _invoke(["approx", tmp_path / "nan.safetensors", "--activation", "relu"])
-    assert res.exit_code == 2
+    _expected_failure(res)
     assert "W1 contains 12 non-finite" in flat(res.output)
 
 
 @pytest.mark.parametrize("case", ["mean_npz", "classifier_no_config", "other_artifact", "samples_0"])
-def test_cli_approx_errors_are_bad_parameters(weights, tmp_path, case):
+def test_cli_approx_bad_files_are_expected_failures(weights, tmp_path, case):
+    """A bad file or value is an expected failure (exit 1, Error/Fix), not a usage error and never a traceback."""
     if case == "mean_npz":
         np.savez(tmp_path / "mz.npz", a=np.zeros(D_IN))
         args = ["approx", weights, "--activation", "relu", "--mean", tmp_path / "mz.npz", "--cov", tmp_path / "c.npy"]
@@ -1002,7 +1010,7 @@ def test_cli_approx_errors_are_bad_parameters(weights, tmp_path, case):
         np.savez(tmp_path / "g.npz", W=rng.normal(size=(D_HID, D_IN)), V=rng.normal(size=(D_HID, D_IN)))
         args = ["approx", tmp_path / "g.npz", "--activation", "relu", "--samples", "0"]
     res = _invoke(args)
-    assert res.exit_code == 2, (res.exit_code, repr(res.exception))
+    _expected_failure(res)
 
 
 def test_cli_approx_out_keeps_dotted_name(weights, tmp_path):
@@ -1015,15 +1023,14 @@ def test_cli_approx_out_keeps_dotted_name(weights, tmp_path):
     "extra, match",
     [
         (["--steps", "0"], "steps must be a positive int, got 0"),
-        (["--arch", "foo"], "arch must be one of"),
         (["--d-hidden", "0"], "d_hidden must be a positive int"),
         (["--lr", "nan"], "lr must be a finite float"),
         (["--warmup-steps", "-1"], "warmup_steps must be a non-negative int"),
     ],
 )
-def test_cli_train_bad_options_exit_2(tmp_path, extra, match):
+def test_cli_train_bad_options_exit_1(tmp_path, extra, match):
     res = _invoke(["train", "--out", tmp_path / "tr", "--quiet", *extra])
-    assert res.exit_code == 2, res.output
+    _expected_failure(res)
     assert match in flat(res.output)
 
 
@@ -1032,23 +1039,33 @@ def test_cli_train_bad_options_exit_2(tmp_path, extra, match):
     [
         (["--seeds", "0"], "seeds must be >= 1"),
         (["--steps", "8"], "steps must be >= 16"),
-        (["--covariance", "foo"], "covariance must be"),
     ],
 )
-def test_cli_reproduce_bad_options_exit_2(tmp_path, extra, match):
+def test_cli_reproduce_bad_options_exit_1(tmp_path, extra, match):
     res = _invoke(["reproduce", "polynomial", "--quick", "--quiet", "--out", tmp_path / "rp", *extra])
-    assert res.exit_code == 2, res.output
+    _expected_failure(res)
     assert match in flat(res.output)
 
 
 @pytest.mark.parametrize(
-    "extra", [["--lr", "-1"], ["--arch", "foo"], ["--activation", "softplus"], ["--d-hidden", "0"]]
+    "command, extra", [(["train"], ["--arch", "foo"]), (["reproduce", "polynomial"], ["--covariance", "foo"]),
+                       (["reproduce", "polynomial"], ["--activation", "softplus"])]
 )
+def test_cli_a_choice_not_offered_is_a_usage_error(tmp_path, command, extra):
+    """A value that is not one of an option's choices does not parse as the option's type: Click's usage error
+    (exit 2, the choices listed), before anything is written."""
+    out = tmp_path / "rp"
+    res = _invoke([*command, "--quiet", "--out", out, *extra])
+    assert res.exit_code == 2 and "is not one of" in flat(res.output) and "Traceback" not in res.output, res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra", [["--lr", "-1"], ["--d-hidden", "0"]])
 def test_cli_reproduce_classifier_options_validated_up_front(tmp_path, extra):
     out = tmp_path / "rp"
     # --steps 16 keeps the run short should validation ever let it start
     res = _invoke(
         ["reproduce", "polynomial", "--quick", "--quiet", "--seeds", "1", "--steps", "16", "--out", out, *extra]
     )
-    assert res.exit_code == 2, (res.exit_code, repr(res.exception))
+    _expected_failure(res)
     assert not (out / "config.json").exists()

@@ -90,7 +90,7 @@ def test_sae_written_before_the_header_needs_verify_hash_false(tmp_path):
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "mlpinterp_format": 2, "weights_sha256": "0" * 64}))
     with pytest.raises(ArtifactError, match=r"no artifact header .*\(cfg.json mlpinterp_format 2: an earlier "
-                                            r"mlpinterp wrote it\).*load it with verify_hash=False"):
+                                            r"mlpinterp wrote it\).*load_sae\(path, verify_hash=False\)"):
         load_sae(tmp_path)
     x = torch.randn(5, 6)
     torch.testing.assert_close(load_sae(tmp_path, verify_hash=False)(x).sae_out, sae(x).sae_out)

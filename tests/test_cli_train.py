@@ -54,10 +54,11 @@ def test_train_conflicts_and_corrupt_files_print_the_fix_not_a_traceback(tmp_pat
     f = tmp_path / "file"
     f.write_text("x")
     r = _train(f)
-    assert r.exit_code == 2 and "is not a directory" in flat(r.output)
-    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "m"), "--dataset", "mnist", "--data-path",
+    assert r.exit_code == 1 and "is an existing file, expected a directory" in flat(r.output)
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "m"), "--dataset", "mnist", "--data",
                                  str(tmp_path / "nowhere"), "--quiet"])
-    assert r.exit_code == 1 and "missing IDX file" in flat(r.output) and "Fix: pass --data-path" in flat(r.output)
+    assert r.exit_code == 1 and "missing IDX file" in flat(r.output) and "Fix: pass --data DIR" in flat(r.output)
 
 
 def test_traceback_env_var_reraises(tmp_path, monkeypatch):

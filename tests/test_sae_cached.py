@@ -117,9 +117,9 @@ def test_model_options_with_activations_are_refused_not_ignored(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_k_above_d_sae_is_a_usage_error_naming_both(tmp_path):
+def test_k_above_d_sae_is_an_expected_failure_naming_both(tmp_path):
     path = write_activations(tmp_path / "acts.safetensors", _acts(300), None)
     res = CliRunner().invoke(app, ["sae", "train", "--activations", str(path), "--d-sae", "8", "--k", "9",
                                    "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2 and "--k 9 must be <= --d-sae 8" in " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 1 and "Error: --k 9 must be <= --d-sae 8" in " ".join(res.output.split())
     assert not (tmp_path / "o").exists()

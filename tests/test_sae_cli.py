@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from mlpinterp.cli.main import app
-from mlpinterp.cli.sae import _k_values
 from mlpinterp.lm.text import DEFAULT_TEXT_DIR
 from mlpinterp.sae.io import load_sae
 from tests import cli_utils
@@ -17,13 +15,21 @@ from tests import cli_utils
 runner = CliRunner()
 
 
-def test_k_values_accept_space_comma_and_repeated_forms():
-    assert _k_values(["6"], ["12", "18"]) == (6, 12, 18)
-    assert _k_values(["6,12", "24"], []) == (6, 12, 24)
-    with pytest.raises(typer.BadParameter, match="--k expects integers, got 'x'"):
-        _k_values(["x"], [])
-    with pytest.raises(typer.BadParameter, match="positive"):
-        _k_values(["0"], [])
+def test_k_values_accept_space_comma_and_repeated_forms(tmp_path, monkeypatch):
+    from mlpinterp.cli import mfr
+
+    seen = []
+    monkeypatch.setattr(mfr, "_run_text_or_synthetic", lambda cmd, kw: seen.append(kw["k_values"]) or
+                        {"seconds": 0.0, "sessions": 1})
+    base = ["reproduce", "mfr", "--out", str(tmp_path / "o"), "--quiet"]
+    for argv, want in ((["--k", "6", "12", "18"], (6, 12, 18)), (["--k", "6,12", "--k", "24"], (6, 12, 24)),
+                       (["--k", "6", "--k", "12"], (6, 12))):
+        res = runner.invoke(app, [*base, *argv])
+        assert res.exit_code == 0 and seen[-1] == want, res.output
+    res = runner.invoke(app, [*base, "--k", "x"])  # not an integer: Click's usage error
+    assert res.exit_code == 2 and "'x' is not a valid int" in cli_utils.flat(res.output)
+    res = runner.invoke(app, [*base, "--k", "0"])  # an integer the configuration refuses: an expected failure
+    assert res.exit_code == 1 and "Error: --k values must be positive, got 0" in res.output
 
 
 @pytest.mark.slow

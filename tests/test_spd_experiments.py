@@ -181,9 +181,10 @@ def test_cli_importance_minimality_coeff_overrides_beta(tmp_path, monkeypatch):
     assert spd_config("resid-mlp-1", False, 0, **{"importance_minimality_coeff": 1e-6}).importance_minimality_coeff \
         == 1e-6
     monkeypatch.undo()
-    for bad, msg in (("-1", "Invalid value for '--importance-minimality-coeff'"), ("inf", "importance_minimality_coeff must be finite")):
+    for bad, msg in (("-1", "--importance-minimality-coeff must be finite and >= 0, got -1.0"),
+                     ("inf", "--importance-minimality-coeff must be finite")):
         res = CliRunner().invoke(app, _args(tmp_path / "bad", "--importance-minimality-coeff", bad))
-        assert res.exit_code != 0 and msg in res.output and "Traceback" not in res.output, res.output
+        assert res.exit_code == 1 and msg in res.output and "Traceback" not in res.output, res.output
         assert not (tmp_path / "bad").exists()
 
 

@@ -231,7 +231,7 @@ def test_cli_train_target_directory_and_negative_seed(tmp_path):
     assert not (tmp_path / "d.safetensors").exists() and not any((tmp_path / "d").iterdir())
     for setting in ("tms-5-2", "gated-trig"):  # the same rule for every setting, before any training
         res = _train("--setting", setting, "--seed", "-5", "--out", str(tmp_path / "neg"))
-        assert res.exit_code == 2 and "--seed" in res.output, res.output
+        assert res.exit_code == 1 and "--seed must be a non-negative int, got -5" in res.output, res.output
     assert not list(tmp_path.glob("neg*"))
 
 

@@ -1,7 +1,17 @@
-"""Expected CLI failures: a short message on stderr saying what went wrong and how to fix it, exit status 1.
+"""Expected CLI failures: a short message on stderr saying what went wrong and how to fix it.
 
-Bad paths, corrupt or truncated files and resume conflicts are expected failures: the user gets the library's
-precise message (it names the file or the argument) and the fix, never a Python traceback. Set
+Exit-code policy (one rule for every command):
+
+- **exit 1**, ``Error: ...`` and ``Fix: ...`` on stderr, never a traceback: every expected failure about input
+  values or file contents: a configuration value the command's configuration dataclass refuses (``--seeds 0``,
+  ``--lr nan``, an option of another ``--setting``), a missing, corrupt, truncated or malicious file, an empty
+  array, a file of the wrong size or shape, an existing file where ``--out`` must be a directory (or the
+  reverse), a resume conflict, a full disk;
+- **exit 2**, Click's usage message: only Click's own usage errors: an unknown option, a value that does not
+  parse as the option's type (``--seeds x``, a choice not offered), a missing required option or argument;
+- **exit 0**: success (``--help`` and ``--version`` included).
+
+The user gets the library's precise message (it names the file or the argument) and the fix. Set
 ``MLPINTERP_TRACEBACK=1`` to get the traceback anyway (for a bug report).
 """
 
@@ -30,7 +40,8 @@ def fail(message: str, fix: str | None = None) -> NoReturn:
     raise typer.Exit(1)
 
 
-def _want_traceback() -> bool:
+def want_traceback() -> bool:
+    """Whether ``MLPINTERP_TRACEBACK`` asks for the traceback of an expected failure (a bug report)."""
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
@@ -40,7 +51,7 @@ _COMMAND_FIX: contextvars.ContextVar[str | None] = contextvars.ContextVar("comma
 _DISK_FULL_FIX = "free space on that disk, or pass an --out on another one; a rerun resumes from the last file written"
 
 
-def _fix_for(e: BaseException, fix: str | None) -> str | None:
+def fix_for(e: BaseException, fix: str | None) -> str | None:
     """The fix line for ``e``: its own ``fix`` attribute, a full disk's, ``fix``, or the running command's."""
     own = getattr(e, "fix", None)
     if own:
@@ -82,12 +93,12 @@ def expected_errors(fix: str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except (typer.Exit, typer.BadParameter):  # a bad option value stays a usage error (exit 2, with the usage line)
+    except (typer.Exit, typer.BadParameter):  # a value that does not parse as its option's type: Click's usage error
         raise
     except Exception as e:
-        if not _is_expected(e) or _want_traceback():
+        if not _is_expected(e) or want_traceback():
             raise
-        fail(_message(e), _fix_for(e, fix))
+        fail(_message(e), fix_for(e, fix))
 
 
 def guarded(command: Callable, name: str) -> Callable:

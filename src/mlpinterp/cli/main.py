@@ -13,7 +13,9 @@ enable_transparent_huge_pages()  # before torch's first allocation (mlpinterp.ut
 import typer  # noqa: E402
 
 from mlpinterp.cli import apd as _apd  # noqa: E402
+from mlpinterp.cli import approx as _approx  # noqa: E402
 from mlpinterp.cli import lm as _lm  # noqa: E402
+from mlpinterp.cli import mfr as _mfr  # noqa: E402
 from mlpinterp.cli import polynomial as _polynomial  # noqa: E402
 from mlpinterp.cli import sae as _sae  # noqa: E402
 from mlpinterp.cli import spd as _spd  # noqa: E402
@@ -23,12 +25,13 @@ from mlpinterp.cli.errors import guarded  # noqa: E402
 
 app = typer.Typer(
     name="mlpinterp",
+    rich_markup_mode=None,  # help texts are field docstrings, printed as written ("[d_in]" is not markup)
     help="Decompose trained feedforward networks: polynomial approximants, APD, SPD, and MFR sparse autoencoders.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-reproduce_app = typer.Typer(help="Reproduce a paper end to end (train, decompose, figures, report).", no_args_is_help=True)
+reproduce_app = typer.Typer(rich_markup_mode=None, help="Reproduce a paper end to end (train, decompose, figures, report).", no_args_is_help=True)
 app.add_typer(reproduce_app, name="reproduce")
 
 
@@ -47,7 +50,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """Decompose trained feedforward networks: polynomial approximants, APD, SPD, and MFR sparse autoencoders."""
 
 
-for _module in (_polynomial, _apd, _spd, _sae, _transformer, _lm, _three_spaces):
+for _module in (_approx, _polynomial, _apd, _spd, _mfr, _sae, _transformer, _lm, _three_spaces):
     _module.register(app, reproduce_app)
 
 

@@ -1,44 +1,60 @@
-"""The option and the run helper only ``reproduce apd`` and ``reproduce spd`` (the parameter-space toys) share; the
-options of every command are in :mod:`mlpinterp.cli.options`."""
+"""What ``reproduce apd`` and ``reproduce spd`` (the parameter-space toys) and their ``train-target`` commands share:
+the configuration fields of a toy reproduction and of a toy target, and the run helper."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Literal
 
-import typer
+from mlpinterp.cli.config_options import CommandConfig, invalid, option
+from mlpinterp.cli.options import Device, Out, Quick, Quiet, Seeds, Threads, positive, seeds_field
+from mlpinterp.utils.validation import Int
 
-from mlpinterp.cli.options import Device, Lr, Out, Quick, Quiet, Steps, Threads  # noqa: F401 - re-exported
-
-Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (targets and decompositions).")]
-
-
-class Fidelity(StrEnum):
-    """How closely to follow the APD reference implementation (``mlpinterp.toys.settings.FIDELITIES``)."""
-
-    ours = "ours"
-    reference = "reference"
+Fidelity = Literal["ours", "reference"]
+"""How closely to follow the APD reference implementation (``mlpinterp.toys.settings.FIDELITIES``)."""
 
 
-FidelityOpt = Annotated[Fidelity | None, typer.Option(
-    "--fidelity", help="ours: our presets; reference: the APD reference implementation's way, for TMS (inner rank "
-                       "min(d_in, d_hidden) + 1, small 4-D Xavier init, no weight decay, cos(π/2 t/(T-1)) after "
-                       "warm-up, target trained at lr 5e-3 with linear decay) and for the residual-MLP targets (MLPs "
-                       "without biases, 1k steps at batch 2048, lr 3e-3, cos(π/2 t/(T-1)); 10k steps for 3 layers). "
-                       "Default: the better one measured, reference for tms-40-10, ours elsewhere (docs/guides/apd.md).",
-    show_default=False)]
+@dataclass(frozen=True, kw_only=True)
+class ToyRepro(CommandConfig, Out, Seeds, Quick, Device, Quiet, Threads):
+    """Options of a parameter-space toy reproduction (``reproduce apd``, ``reproduce spd``)."""
+
+    seeds: int = seeds_field(3)
+    """Number of seeds (targets and decompositions)."""
+    steps: int | None = option(None, check=Int(1), show_default="the preset's")
+    """Override the preset's number of steps."""
+    lr: float | None = option(None, check=positive, show_default="the preset's")
+    """Override the preset's peak learning rate (> 0)."""
+
+    def overrides(self) -> dict:
+        """The configuration fields the options replace in the preset."""
+        return {**({"steps": self.steps} if self.steps is not None else {}),
+                **({"lr": self.lr} if self.lr is not None else {})}
 
 
-def run(reproduce, setting: str, seeds: int, out: Path, quick: bool, quiet: bool, steps: int | None,
-        lr: float | None, threads: int, device: str, config: dict | None = None, **extra) -> dict:
-    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides (``steps``, ``lr`` and the configuration
-    fields in ``config``) and ``extra`` keyword arguments, expected failures as ``Error:``/``Fix:``."""
+@dataclass(frozen=True, kw_only=True)
+class ToyTarget(CommandConfig, Quick, Quiet):
+    """Options of ``apd train-target`` / ``spd train-target``: one toy target saved to one file."""
+
+    seed: int = option(0, check=Int(0, what="a non-negative int"))
+    """Seed of the target (>= 0)."""
+    out: Path = option(metavar="FILE")
+    """Path of the .safetensors file (the suffix is appended unless present; a .json is written beside)."""
+
+    def validate(self) -> None:
+        if self.out.is_dir():
+            raise invalid(f"--out {str(self.out)!r} is an existing directory; expected the path of a .safetensors "
+                          "file", f"pass a file path, e.g. --out {str(self.out / 'target.safetensors')!r}")
+
+
+def run(reproduce, setting: str, cmd: ToyRepro, config: dict | None = None, **extra) -> dict:
+    """Call ``reproduce(setting, seeds, out, ...)`` with the overrides of ``cmd`` (``--steps``, ``--lr``), the
+    configuration fields in ``config`` and ``extra`` keyword arguments, expected failures as ``Error:``/``Fix:``."""
     from mlpinterp.cli.errors import expected_errors
     from mlpinterp.cli.options import set_threads
 
-    set_threads(threads)
-    overrides = {**({"steps": steps} if steps else {}), **({"lr": lr} if lr is not None else {}), **(config or {})}
+    set_threads(cmd.threads)
+    overrides = {**cmd.overrides(), **(config or {})}
     with expected_errors():  # the library's messages name the argument or file and the fix
-        return reproduce(setting, seeds, out, quick=quick, quiet=quiet, overrides=overrides or None, device=device,
-                         **extra)
+        return reproduce(setting, cmd.seeds, cmd.out, quick=cmd.quick, quiet=cmd.quiet, overrides=overrides or None,
+                         device=cmd.device, **extra)

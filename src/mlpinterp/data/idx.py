@@ -87,11 +87,11 @@ MIRRORS: dict[str, tuple[str, ...]] = {
 
 _FILES = {"mnist": MNIST_FILES, "fashion-mnist": FASHION_MNIST_FILES}
 _HOW_TO_GET = {
-    "mnist": "pass download=True (needs network), or put the four files there, or set $MLPINTERP_DATA "
-    "to a directory containing mnist/",
-    "fashion-mnist": "pass download=True (needs network), or `apt-get install dataset-fashion-mnist` "
-    "(files in /usr/share/datasets/fashion-mnist/), or set $MLPINTERP_DATA to a directory containing "
-    "fashion-mnist/",
+    "mnist": "put the four files there, or set $MLPINTERP_DATA to a directory containing mnist/, or download them "
+    "(needs network; library only: load_dataset('mnist', download=True), the CLI never downloads)",
+    "fashion-mnist": "`apt-get install dataset-fashion-mnist` (files in /usr/share/datasets/fashion-mnist/), or set "
+    "$MLPINTERP_DATA to a directory containing fashion-mnist/, or download them (needs network; library only: "
+    "load_dataset('fashion-mnist', download=True), the CLI never downloads)",
 }
 
 

@@ -75,7 +75,8 @@ def check_variance(var_f: np.ndarray, scale: float, where: str) -> None:
 def _rows(n_cols: int, extra_per_row: int, chunk_size: int | None, what: str) -> int:
     """Rows per block: ``chunk_size`` if given, else as many as the working budget allows (memory checked)."""
     per_row = BYTES_PER_PAIR * max(n_cols, 1) + 8 * extra_per_row
-    fix = "pass a smaller chunk_size, or method='monte-carlo' (memory independent of d_hidden^2)"
+    fix = ("pass a smaller chunk_size, or method='monte-carlo' (memory independent of d_hidden^2; on the command "
+           "line: mlpinterp approx --fvu-method monte-carlo)")
     if chunk_size is not None:
         return chunk_rows(per_row, what, fix, budget=int(chunk_size * per_row), maximum=chunk_size)
     return chunk_rows(per_row, what, fix, minimum=1)

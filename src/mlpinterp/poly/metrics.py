@@ -240,7 +240,8 @@ def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, me
             note = (f"the exact FVU {pooled:.3g} has a numerical error bound {bound:.3g} larger than itself (the "
                     "bivariate integrals lost their digits, e.g. a covariance near the float64 range)")
             if method == "exact":
-                warnings.warn(f"{note}; pass method='monte-carlo' for a sampled estimate", RuntimeWarning,
+                warnings.warn(f"{note}; pass method='monte-carlo' (mlpinterp approx --fvu-method monte-carlo) for a "
+                              "sampled estimate", RuntimeWarning,
                               stacklevel=2)
             else:
                 warnings.warn(f"{note}; using Monte Carlo with {n_samples} samples instead", RuntimeWarning,

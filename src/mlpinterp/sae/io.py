@@ -323,7 +323,8 @@ def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[st
         else:
             raise ValueError(f"{str(cfg_path)!r} is not valid JSON ({e})") from e
     ours = header or (isinstance(raw, dict) and bool({"mlpinterp_format", "layout", "input_scale_folded"} & set(raw)))
-    fix = "save the SAE again (or retrain it); load with verify_hash=False only if the edit was deliberate"
+    fix = ("save the SAE again (or retrain it); only if the edit was deliberate, load it unverified (library only: "
+           "load_sae(path, verify_hash=False); the CLI always verifies) and save it again")
     if ours and (header or verify_hash):
         if not header:
             try:  # a corrupt file is named as such
@@ -336,7 +337,8 @@ def _read_files(wfile: Path, cfg_path: Path, verify_hash: bool) -> tuple[dict[st
                                        + (f" (cfg.json mlpinterp_format {fmt!r}: an earlier mlpinterp wrote it)"
                                           if fmt is not None else " (the header was removed or damaged)")
                                        + ", so its weights and cfg.json cannot be verified",
-                                "load it with verify_hash=False and save it again", "SAE")
+                                "load it unverified and save it again (library only: load_sae(path, "
+                                "verify_hash=False), then save_sae; the CLI always verifies)", "SAE")
         art = load_artifact(wfile, kind=KIND, meta_path=cfg_path, verify=verify_hash, fix=fix, what="SAE")
         tensors, raw = art.tensors, art.meta
     else:

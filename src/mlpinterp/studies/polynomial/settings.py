@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from mlpinterp.models.config import ClassifierConfig
 
@@ -30,46 +31,51 @@ ADDED_FIELDS = {"covariance": "empirical", "quadratic_mixture_steps": "all", "mi
 class PolynomialReproConfig:
     """Configuration of ``reproduce polynomial`` (every field documented for ``--help``)."""
 
-    dataset: str = "digits"
+    dataset: Literal["digits", "mnist", "fashion-mnist"] = "digits"
     """``digits`` (bundled with scikit-learn), ``mnist`` or ``fashion-mnist`` (IDX files)."""
     seeds: int = 3
     """Number of independent training seeds (0..seeds-1)."""
     steps: int | None = None
-    """Training steps (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
+    """Training steps (default: the dataset's, ``DATASET_DEFAULTS``)."""
     d_hidden: int | None = None
-    """Hidden width (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
+    """Hidden width (default: the dataset's, ``DATASET_DEFAULTS``)."""
     lr: float | None = None
-    """Peak learning rate of schedule-free AdamW (``None``: the dataset's default in ``DATASET_DEFAULTS``)."""
-    arch: str = "mlp"
+    """Peak learning rate of schedule-free AdamW (default: the dataset's, ``DATASET_DEFAULTS``)."""
+    arch: Literal["mlp", "glu"] = "mlp"
     """``mlp`` or ``glu``."""
-    activation: str = "relu"
+    activation: Literal["relu", "gelu", "silu", "tanh", "identity"] = "relu"
     """Hidden activation (for glu: the gate; relu = ReGLU, silu = SwiGLU)."""
     warmup_steps: int = 1000
     """Linear learning-rate warm-up steps (paper: 1000); used as given, also beyond ``steps``."""
     mc_samples: int | None = None
-    """Monte Carlo samples of the mixture for FVU/KL under the mixture (``None``: ``DATASET_DEFAULTS``)."""
-    covariance: str = "ledoit-wolf"
+    """Monte Carlo samples of the mixture for FVU/KL under the mixture (default: the dataset's, ``DATASET_DEFAULTS``)."""
+    covariance: Literal["ledoit-wolf", "empirical"] = "ledoit-wolf"
     """Class covariance estimator: ``ledoit-wolf`` (shrunk, full rank) or ``empirical`` (singular on real images)."""
-    quadratic_mixture_steps: str = "all"
+    quadratic_mixture_steps: Literal["all", "final"] = "all"
     """Checkpoints that get the exact mixture quadratic: ``all`` (the paper's Figure 2; at MNIST scale each CG solve
     is warm-started from the previous checkpoint's) or ``final`` (``auto``, from earlier versions, means ``all``)."""
-    mixture_cg_dtype: str = "auto"
+    mixture_cg_dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     """Precision of the CG operator for the mixture quadratic when the dense solve does not fit (MNIST):
     ``auto`` (bfloat16 GEMMs on a CPU with fast bfloat16 when the class covariances have full rank, e.g.
     Ledoit-Wolf; float32 on full-rank classes without fast bfloat16; float64 when the operator is not provably
     non-singular, e.g. empirical classes), ``bfloat16``, ``float32`` (float64 residuals and refinement, the same
     stopping rule, decided in float64, for each) or ``float64``."""
     max_image_side: int | None = None
-    """Average-pool the images to at most this many pixels per side before anything else (``None``: full size)."""
+    """Average-pool the images to at most this many pixels per side before anything else (default: full size)."""
     attack_k: int = 10
     """Largest number of ablated input directions in the SVD attack."""
-    data_path: str | None = None
+    data_path: str | None = field(default=None, metadata={"cli": {"flag": "--data", "aliases": ("--data-path",),
+                                                                  "metavar": "DIR"}})
     """Directory holding the IDX files (default: $MLPINTERP_DATA or ../shared/data/<dataset>)."""
-    smoke: bool = False
+    smoke: bool = field(default=False, metadata={"cli": {"flag": "--quick", "aliases": ("--smoke",)}})
     """Tiny configuration for CI that runs in seconds on every dataset: a small network, few steps, and images
     average-pooled to at most 8 pixels per side (MNIST / Fashion-MNIST 28x28 -> 7x7, so the mixture quadratic is
     a small dense solve; digits stay 8x8)."""
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict, metadata={"cli": {"cli": False}})
+    """Further settings for the run (Python API only)."""
+
+    def __post_init__(self) -> None:
+        self.resolved()  # refuses an invalid field on construction
 
     def resolved(self) -> dict:
         """Fill dataset defaults (and the smoke overrides) into a plain dict."""
