@@ -10,7 +10,8 @@ Implementations:
 
 * ``ours-old``: Adam at ``2e-4 / sqrt(d_sae / 2^14)``, constant, AuxK 1/32 (:class:`MfrConfig` with
   ``optimizer="adam"``);
-* ``ours-new``: the default :class:`MfrConfig` recipe (see :mod:`mlpinterp.sae.optim`);
+* ``ours-new``: the default :class:`MfrConfig` recipe (schedule-free Signum at sparsify's lr with the average
+  weighted linearly in the step, AuxK 1/32 on latents silent for 20,000 samples; see :mod:`mlpinterp.sae.optim`);
 * ``sparsify``: EleutherAI sparsify 1.3.3's default ``TrainConfig`` recipe with its own ``SparseCoder``,
   ``SignSGD`` and ``schedulefree.ScheduleFreeWrapper(momentum=0.95)``, lr ``5e-3 / sqrt(d_sae / 2^14)``, no
   AuxK, ``b_dec`` = first batch mean, decoder renormalised before every step; its training loop
@@ -23,9 +24,11 @@ Every SAE is evaluated by the one plain function :func:`plain_eval` (FVU = ``sum
 sum ||x - mean x||^2`` over the held-out tokens; dead latents = fraction of latents that never fire on them).
 CPU time is ``time.process_time`` of the training steps only (the machine may be shared; wall time beside it).
 
-Usage: ``python benchmarks/bench_sae_vs_sparsify.py [--cache FILE] [--steps 80] [--threads 1] [--saelens]
-[--only NAME ...] [--out results.json]``. The first run writes ``--cache`` (an ``--activations`` file for
-``mlpinterp sae train``); later runs read it.
+Usage: ``python benchmarks/bench_sae_vs_sparsify.py [--cache FILE] [--steps 80] [--threads 1] [--seeds 0 1 2]
+[--saelens] [--only NAME ...] [--variants JSON] [--out results.json]``. The first run writes ``--cache`` (an
+``--activations`` file for ``mlpinterp sae train``); later runs read it. Beside the table it prints, for every
+implementation, the per-seed ratios to sparsify run in the same process (FVU, tokens per CPU-second) and the
+difference of dead-latent fractions, as mean ± s.e.
 """
 
 from __future__ import annotations
@@ -176,6 +179,25 @@ def run_saelens(data, steps: int, seed: int) -> dict:
     return {**res, **plain_eval(ed, data.test, D_SAE), "lr": lr}
 
 
+def paired_vs_sparsify(results: list[dict]) -> dict:
+    """For every implementation run beside ``sparsify`` on the same seeds: the per-seed ratios of held-out FVU and
+    of tokens per CPU-second to sparsify's and the difference of dead-latent fractions, as mean ± s.e. strings."""
+    from mlpinterp.studies.report.stats import mean_se
+
+    ref = {r["seed"]: r for r in results if r["impl"] == "sparsify"}
+    out = {}
+    for name in dict.fromkeys(r["impl"] for r in results if r["impl"] != "sparsify"):
+        rows = [(r, ref[r["seed"]]) for r in results if r["impl"] == name and r["seed"] in ref]
+        if not rows:
+            continue
+        ratios = [r["fvu"] / s["fvu"] for r, s in rows]
+        out[name] = {"n": len(rows), "fvu_ratio": mean_se(ratios, ".4f"),
+                     "fvu_ratio_per_seed": ", ".join(f"{v:.4f}" for v in ratios),
+                     "dead_diff": mean_se([r["dead"] - s["dead"] for r, s in rows], ".4f"),
+                     "speed_ratio": mean_se([r["tokens_per_cpu_s"] / s["tokens_per_cpu_s"] for r, s in rows], ".2f")}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", type=Path, default=Path("runs/bench_sae_vs_sparsify/minilm_l3_acts.safetensors"))
@@ -223,6 +245,11 @@ def main() -> None:
     for r in results:
         print(f"| {r['impl']} | {r['seed']} | {r['fvu']:.4f} | {r['dead']:.4f} | {r['tokens_per_cpu_s']:,.0f} | "
               f"{r['cpu_s']:.1f} | {r['wall_s']:.1f} |")
+    paired = paired_vs_sparsify(results)
+    for name, row in paired.items():
+        print(f"{name} / sparsify, paired by seed (n = {row['n']}): FVU ratio {row['fvu_ratio']} "
+              f"(per seed {row['fvu_ratio_per_seed']}), dead latents difference {row['dead_diff']}, "
+              f"tokens per CPU-second {row['speed_ratio']}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(results, indent=1))

@@ -214,6 +214,8 @@ def test_bad_config():
         MfrConfig(n_saes=1)
     with pytest.raises(ValueError, match="inactivity_measure must be one of"):
         MfrConfig(inactivity_measure="nope")
+    with pytest.raises(ValueError, match="average_power must be a finite number >= 0, got -1"):
+        MfrConfig(average_power=-1)
     with pytest.raises(ValueError, match="decoders must hold at least 2"):
         mfr_penalty([torch.zeros(3, 2)])
     tr = MfrTrainer(12, _tiny_cfg())
