@@ -117,7 +117,7 @@ def test_resuming_at_another_hook_point_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("field, before, other", [("init_b_dec_to_mean", False, True),
                                                   ("normalize_activations", "none", "expected_average_only_in"),
-                                                  ("norm_batches", 10, 3)])
+                                                  ("norm_batches", 10, 3), ("average_power", 0.0, 1.0)])
 def test_checkpoint_written_before_a_field_existed(tmp_path, field, before, other):
     """A checkpoint that lacks a later MfrConfig field (ADDED_FIELDS) resumes when the request keeps the behaviour of
     that time and is refused, naming the field, when it asks for another (before: any later field was ignored)."""
