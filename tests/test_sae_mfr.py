@@ -221,3 +221,20 @@ def test_bad_config():
     tr = MfrTrainer(12, _tiny_cfg())
     with pytest.raises(ValueError, match=r"x must be a tensor of shape \[batch, d_in=12\], got \[4, 5\]"):
         tr.train_step(torch.zeros(4, 5))
+
+
+def test_a_run_ending_worse_than_the_mean_warns_and_a_healthy_one_does_not():
+    """The end-of-fit check evaluates the saved (averaged) weights: a sign optimiser with lr 5 per coordinate on
+    12-dimensional data cannot beat the mean and is named in a RuntimeWarning with the fix; Adam at 3e-3 is not."""
+    import warnings
+
+    bad = MfrTrainer(12, _tiny_cfg(optimizer="signum_schedulefree", lr=5.0, n_saes=1, penalty=False))
+    with pytest.warns(RuntimeWarning, match=r"worse than the mean.*optimizer signum_schedulefree.*optimizer='adam'"):
+        bad.fit(_data().stream(64), 30, quiet=True)
+    with pytest.warns(RuntimeWarning, match="SAE 0"):
+        assert bad.warn_if_worse_than_mean(next(iter(_data().stream(64))))[0] >= 1.0
+    good = MfrTrainer(12, _tiny_cfg(n_saes=1, penalty=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        good.fit(_data().stream(64), 60, quiet=True)
+    assert good.warn_if_worse_than_mean(next(iter(_data().stream(64))))[0] < 1.0

@@ -54,6 +54,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
@@ -557,18 +558,39 @@ class MfrTrainer:
             first = list(itertools.islice(it, self.cfg.norm_batches))
             self.estimate_input_scale(first)
             it = itertools.chain(first, it)
+        last = None
         with progress_bar(total=n_steps, initial=self.step, desc=desc, quiet=quiet or self.dist.rank != 0) as bar:
             while True:
                 x = next(it, None) if self.step < n_steps else None  # None: the last step is done, or no batch left
                 if x is not None:
                     rec = self.train_step(x)
+                    last = x
                     bar.advance()
                     if self.step % 20 == 0:
                         bar.postfix(recon=float(np.mean(rec["recon"])), pen=float(rec["penalty"] or 0.0))
                 if checkpoint_dir is not None and (x is None or self.step % checkpoint_every == 0):
                     self.save_checkpoint(checkpoint_dir)
                 if x is None:
+                    if last is not None:
+                        self.warn_if_worse_than_mean(last)
                     return self.history
+
+    def warn_if_worse_than_mean(self, x: Tensor) -> list[float]:
+        """FVU of every owned SAE (the weights it saves: :meth:`averaged`) on batch ``x [batch, d_in]``; a
+        ``RuntimeWarning`` names each SAE whose FVU is >= 1 (it reconstructs worse than predicting the batch mean,
+        e.g. a learning rate too large for this ``d_sae`` and batch size), with the fix. Returns the FVUs."""
+        x = x.to(self.device, self.dtype)
+        with torch.no_grad(), self.averaged():
+            fvus = [float(mod(x).fvu) for mod in self.modules]
+        bad = [(self.owned[local], f) for local, f in enumerate(fvus) if not f < 1.0]
+        if bad:
+            cfg = self.cfg
+            warnings.warn(f"SAE training ended worse than the mean: FVU {', '.join(f'{v:.3g} (SAE {i})' for i, v in bad)}"
+                          f" on the last batch (optimizer {cfg.optimizer}, lr {self.lr:.3g}, d_sae {cfg.sae.d_sae}, "
+                          f"batch {x.shape[0]}); lower MfrConfig.lr or use optimizer='adam' (the sign optimiser's "
+                          "lr rule was measured at batch 4096, d_sae 3072); on the command line, a larger --batch-size",
+                          RuntimeWarning, stacklevel=2)
+        return fvus
 
     def save_checkpoint(self, directory: str | os.PathLike) -> Path:
         """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically; raises
