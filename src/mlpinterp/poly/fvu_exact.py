@@ -36,11 +36,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mlpinterp.gaussian.bivariate import MEHLER_ORDER
 from mlpinterp.gaussian.distributions import Gaussian
 from mlpinterp.networks import MLP
 from mlpinterp.poly.approximant import RidgePolynomial
 from mlpinterp.poly.mehler_tails import NeuronLaws, bytes_per_pair, tail_sums
-from mlpinterp.utils.memory import chunk_rows
+from mlpinterp.utils.memory import chunk_rows, require
 
 #: Largest distance between an approximant's ridge direction and the network's own (in the standardised input
 #: coordinates u) for which the own-approximant route applies (rounding of the fit, far below 1e-8).
@@ -180,7 +181,12 @@ def _tails(network: MLP, e: _Entry, n_max: int, chunk_size: int | None) -> tuple
         return e.tails[1], e.tails[2]
     h, o = network.d_hidden, network.d_out
     per_row = bytes_per_pair(n_max) * h + 16 * (n_max + 1) * o
-    rows = _rows(per_row, chunk_size, h, "the exact FVU's [chunk, d_hidden] bivariate blocks")
+    what = "the exact FVU's [chunk, d_hidden] bivariate blocks"
+    rows = _rows(per_row, chunk_size, h, what)
+    # held beside the blocks: the read-out transposed, the per-neuron Hermite tables, WL if it must be formed again
+    fixed = 8 * h * (o + 4 * (MEHLER_ORDER + 1) + (e.dist.rank if e.WL is None else 0))
+    require(fixed + rows * per_row, what + " and the per-neuron tables",
+            "pass a smaller chunk_size, or method='monte-carlo' (memory independent of d_hidden^2)")
     if e.law is None:
         e.law = NeuronLaws(network.act, e.m, e.s)
     sums, bound = tail_sums(e.law, e.wl(network), network.W2, n_max, rows)
