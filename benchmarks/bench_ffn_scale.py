@@ -126,7 +126,7 @@ def run_one(width: str, kind: str, mc_samples: int) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     head = "| width | block | " + " | ".join(STEPS) + " | total | peak RSS | FVU deg 1 | FVU deg 2 |"
-    out = [head, "|" + "---|" * (len(STEPS) + 7)]
+    out = [head, "|" + "---|" * (len(STEPS) + 6)]
     for r in rows:
         cells = [f"{r[s]['wall_s']:.1f} s ({r[s]['cpu_s']:.1f}), {r[s]['peak_rss_gb']:.1f} GB" for s in STEPS]
         fv = []
