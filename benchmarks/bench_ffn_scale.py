@@ -9,15 +9,17 @@ block type, each step's wall time, CPU time (all threads of the process) and pea
 2. ``gaussian``: ``Gaussian.from_data`` on 8,192 inputs (a random low-rank-plus-diagonal law, so the covariance is
    full rank but not white).
 3. ``fit1`` / ``fit2``: ``fit_polynomial`` of degree 1 and 2 under that Gaussian.
-4. ``fvu1`` / ``fvu2``: ``fvu`` of each: exact for the MLP (blocked over neuron rows), streamed Monte Carlo with
-   its standard error for the GLU (``--mc-samples`` draws).
+4. ``fvu1`` / ``fvu2``: ``fvu`` of each: exact for the MLP (the Hermite tails of the network's output covariance,
+   blocked over neuron rows; the first call forms them for degrees 1 and 2 together, so ``fvu2`` reuses them),
+   streamed Monte Carlo with its standard error for the GLU (``--mc-samples`` draws; no exact GLU route, see
+   :mod:`mlpinterp.poly.fvu_exact`).
 
 Each (width, block) runs in a fresh subprocess, so the peak RSS of one row is its own. Goal (issue 34): the
 Llama-7B rows in <= 5 min and <= 8 GB peak on the 2-core CPU. Output: one JSON line per row on stdout and, with
 ``--markdown``, a table.
 
 Run: ``python benchmarks/bench_ffn_scale.py --widths gpt2-small gpt2-medium`` (minutes);
-``--widths llama-7b`` needs >= 10 GB free memory and several minutes per block type.
+``--widths llama-7b`` needs about 5 GB free memory and a few minutes per block type.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def run_one(width: str, kind: str, mc_samples: int) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     head = "| width | block | " + " | ".join(STEPS) + " | total | peak RSS | FVU deg 1 | FVU deg 2 |"
-    out = [head, "|" + "---|" * (len(STEPS) + 7)]
+    out = [head, "|" + "---|" * (len(STEPS) + 6)]
     for r in rows:
         cells = [f"{r[s]['wall_s']:.1f} s ({r[s]['cpu_s']:.1f}), {r[s]['peak_rss_gb']:.1f} GB" for s in STEPS]
         fv = []

@@ -44,9 +44,11 @@ from mlpinterp.gaussian.univariate.common import family, quiet
 from mlpinterp.gaussian.univariate.quadrature import panel_rule
 from mlpinterp.utils.validation import to_numpy
 
-__all__ = ["gauss_product_ev", "mehler_coefficients"]
+__all__ = ["MEHLER_ORDER", "gauss_product_ev", "mehler_coefficients"]
 
 _K_MEHLER = 160  # 160! < 1.8e308
+#: Highest order of the per-neuron tables of :func:`mehler_coefficients` (their last axis has this + 1 entries).
+MEHLER_ORDER = _K_MEHLER
 _V_GH = 0.25
 _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(48)
 _GH_W = _GH_W / _GH_W.sum()

@@ -225,8 +225,8 @@ def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, me
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer)
                                    or chunk_size < 2):
         raise ValueError(f"chunk_size must be an int >= 2 or None, got {chunk_size!r}")
-    unit = exact_layout(network, p, distribution) if isinstance(distribution, Gaussian) else None
-    exact_ok = unit is not None
+    layout = exact_layout(network, p, distribution) if isinstance(distribution, Gaussian) else None
+    exact_ok = layout is not None
     if method == "exact" and not exact_ok:
         raise ValueError(
             "exact FVU needs an MLP, a Gaussian and a ridge approximant whose directions are standard normal "
@@ -235,7 +235,7 @@ def fvu(network, p, distribution, *, n_samples: int = 200_000, seed: int = 0, me
     if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
         raise ValueError(f"n_samples must be >= 2, got {n_samples}")
     if exact_ok and method != "monte-carlo":
-        pooled, per, bound = fvu_exact_mlp(network, p, distribution, unit, chunk_size=chunk_size)
+        pooled, per, bound = fvu_exact_mlp(network, p, distribution, layout, chunk_size=chunk_size)
         if not bound <= pooled:
             note = (f"the exact FVU {pooled:.3g} has a numerical error bound {bound:.3g} larger than itself (the "
                     "bivariate integrals lost their digits, e.g. a covariance near the float64 range)")
