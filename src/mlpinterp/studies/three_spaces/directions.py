@@ -114,6 +114,20 @@ def random_isotropic(d: int, count: int, rng: np.random.Generator) -> np.ndarray
     return X / np.linalg.norm(X, axis=1, keepdims=True)
 
 
+def _symmetric_eigh(cov, when_zero: str) -> tuple[np.ndarray, np.ndarray]:
+    """``np.linalg.eigh`` of ``cov [d, d]`` after checking it is square, nonzero (else ``"cov is zero: " +
+    when_zero``) and symmetric to ``1e-10`` of its largest entry; ``ValueError`` otherwise."""
+    S = to_numpy(cov, "cov")
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1:
+        raise ValueError(f"cov must be a square matrix [d, d], got shape {list(S.shape)}")
+    scale = float(np.abs(S).max())
+    if scale == 0:
+        raise ValueError(f"cov is zero: {when_zero}")
+    if not np.allclose(S, S.T, rtol=0, atol=1e-10 * scale):
+        raise ValueError("cov must be symmetric")
+    return np.linalg.eigh(S)
+
+
 def random_gaussian(cov, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` directions drawn from ``N(0, cov)`` (``cov [d, d]`` symmetric positive semi-definite, possibly
     singular: the draws stay on its support), as unit rows ``[count, d]``.
@@ -122,15 +136,7 @@ def random_gaussian(cov, count: int, rng: np.random.Generator) -> np.ndarray:
     zero.
     """
     count = check_int(count, "count")
-    S = to_numpy(cov, "cov")
-    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1:
-        raise ValueError(f"cov must be a square matrix [d, d], got shape {list(S.shape)}")
-    scale = float(np.abs(S).max())
-    if scale == 0:
-        raise ValueError("cov is zero: no direction can be drawn from N(0, 0)")
-    if not np.allclose(S, S.T, rtol=0, atol=1e-10 * scale):
-        raise ValueError("cov must be symmetric")
-    w, U = np.linalg.eigh(S)
+    w, U = _symmetric_eigh(cov, "no direction can be drawn from N(0, 0)")
     if w.min() < -1e-8 * w.max():
         raise ValueError(f"cov must be positive semi-definite, got eigenvalue {w.min():.3g} (largest {w.max():.3g})")
     keep = w > 1e-12 * w.max()
@@ -150,15 +156,7 @@ def support_basis(cov, rtol: float = SUPPORT_RTOL) -> np.ndarray:
     Raises ``ValueError`` for a ``cov`` that is not square or symmetric, or is zero.
     """
     rtol = check_real(rtol, "rtol", 0.0, 1.0)
-    S = to_numpy(cov, "cov")
-    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1:
-        raise ValueError(f"cov must be a square matrix [d, d], got shape {list(S.shape)}")
-    scale = float(np.abs(S).max())
-    if scale == 0:
-        raise ValueError("cov is zero: the inputs have no support")
-    if not np.allclose(S, S.T, rtol=0, atol=1e-10 * scale):
-        raise ValueError("cov must be symmetric")
-    w, U = np.linalg.eigh(S)
+    w, U = _symmetric_eigh(cov, "the inputs have no support")
     return U[:, w > rtol * w.max()].T.copy()
 
 
