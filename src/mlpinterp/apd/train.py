@@ -15,7 +15,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ from mlpinterp.utils.checkpoint import (
 )
 from mlpinterp.utils.progress import progress_bar
 from mlpinterp.utils.schedules import cosine_half, cosine_quarter, linear_warmup
-from mlpinterp.utils.validation import Bool, Int, Real, check_batch_tensor, check_fields
+from mlpinterp.utils.validation import Bool, Int, Real, check_batch_tensor, check_fields, replace_fields
 
 LR_SCHEDULES = ("constant", "cosine", "quarter_cosine")
 #: APDConfig fields added after the first release, with the behaviour before each: a checkpoint written before a
@@ -347,9 +347,4 @@ def _check_batch(model: nn.Module, x, step: int, first: bool) -> torch.Tensor:
 
 def with_overrides(cfg: APDConfig, **kw) -> APDConfig:
     """``dataclasses.replace`` that rejects unknown field names with a ``ValueError``."""
-    if not isinstance(cfg, APDConfig):
-        raise TypeError(f"cfg must be an APDConfig, got {type(cfg).__name__}")
-    unknown = set(kw) - set(asdict(cfg))
-    if unknown:
-        raise ValueError(f"unknown APDConfig fields {sorted(unknown)}")
-    return replace(cfg, **kw)
+    return replace_fields(cfg, APDConfig, "an APDConfig", **kw)

@@ -4,7 +4,7 @@ checkpoint was written (:data:`ADDED_FIELDS`). Every field is checked once, when
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -12,7 +12,7 @@ from mlpinterp.spd.decomposition import SPD_INITS
 from mlpinterp.spd.sigmoids import LOWER_SIGMOIDS
 from mlpinterp.spd.tying import TIED_UPDATES
 from mlpinterp.utils.schedules import constant, cosine_half, cosine_quarter
-from mlpinterp.utils.validation import Bool, Int, OneOf, Real, check_fields, check_real
+from mlpinterp.utils.validation import Bool, Int, OneOf, Real, check_fields, check_real, replace_fields
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LAYERWISE_MASKS = ("shared", "fresh")
@@ -141,9 +141,4 @@ def lr_at(step: int, cfg: SPDConfig) -> float:
 
 def with_overrides(cfg: SPDConfig, **kw) -> SPDConfig:
     """``dataclasses.replace`` that rejects unknown field names with a ``ValueError``."""
-    if not isinstance(cfg, SPDConfig):
-        raise TypeError(f"cfg must be an SPDConfig, got {type(cfg).__name__}")
-    unknown = set(kw) - set(asdict(cfg))
-    if unknown:
-        raise ValueError(f"unknown SPDConfig fields {sorted(unknown)}")
-    return replace(cfg, **kw)
+    return replace_fields(cfg, SPDConfig, "an SPDConfig", **kw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -405,3 +406,14 @@ def check_fields(obj, rules: Mapping) -> None:
     for names, rule in rules.items():
         for name in (names,) if isinstance(names, str) else names:
             rule(getattr(obj, name), name)
+
+
+def replace_fields(cfg, cls: type, what: str, /, **kw):
+    """``dataclasses.replace(cfg, **kw)`` for a ``cfg`` of dataclass ``cls`` (``TypeError`` naming ``what``, e.g.
+    ``"an SPDConfig"``, otherwise) that rejects field names ``cls`` does not have with a ``ValueError``."""
+    if not isinstance(cfg, cls):
+        raise TypeError(f"cfg must be {what}, got {type(cfg).__name__}")
+    unknown = set(kw) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
+    return dataclasses.replace(cfg, **kw)
