@@ -83,7 +83,9 @@ MiniLM quick preset (d_sae 768, batch 256) the Signum SAE spliced into the model
 (cosine recovered -0.23)."""
 
 _BLOCK_SPD = dict(d_gate=16, lr=1e-3, lr_schedule="constant", importance_minimality_coeff=1e-4, pnorm=2.0,
-                  log_every=100, checkpoint_every=10**9, compile=False)
+                  log_every=100, checkpoint_every=250, compile=False)
+"""SPD of a transformer block: checkpointed every 250 steps under ``out/spd/seed_{seed}``, so an interrupted full
+preset resumes there instead of starting again."""
 
 PRESETS: dict[str, dict[str, Preset]] = {
     "resid-mlp-1": {
