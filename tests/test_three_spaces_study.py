@@ -172,8 +172,13 @@ def test_full_report_states_findings_and_no_smoke_warning():
     table, lines = truth_table(per)
     # one seed: the MMCS with its s.e. over the true features
     assert "quadratic eigen-features recover 9.0 of 10 true features" in lines[0] and "| 0.950 ± 0.020 |" in table
-    _, above, not_above = pairwise_table(per)
-    assert above == ["quadratic → sae (0.900 vs 0.300)"] and not_above == ["sae → quadratic (0.305 vs 0.300)"]
+    _, verdicts = pairwise_table(per)
+    assert verdicts == {"above": ["quadratic → sae (0.900 vs 0.300)"], "below": [],
+                        "within": ["sae → quadratic (0.305 vs 0.300)"]}
+    per[0]["pairwise"]["sae"]["quadratic"]["mmcs"] = 0.1
+    table, verdicts = pairwise_table(per)
+    assert verdicts["below"] == ["sae → quadratic (0.100 vs 0.300)"] and verdicts["within"] == []
+    assert "| no (below) |" in table
 
 
 def test_seed_results_are_cached_per_seed_and_recomputed_for_another_budget(tmp_path, monkeypatch):

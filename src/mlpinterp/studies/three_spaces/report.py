@@ -13,8 +13,9 @@ from mlpinterp.studies.three_spaces.settings import METHOD_LABELS, METHODS, RECO
 
 ABOVE_RANDOM_SE = 3.0
 """A pairwise MMCS counts as above its random baseline when it exceeds the baseline's mean by more than 3 combined
-standard errors: the MMCS's (over seeds, or over the reference directions for one seed) and the baseline's (over its
-draws, seeds pooled), in quadrature."""
+standard errors, as below it when it falls short by more than that, and as indistinguishable from it otherwise: the
+MMCS's s.e. (over seeds, or over the reference directions for one seed) and the baseline's (over its draws, seeds
+pooled), in quadrature."""
 
 
 def mean_se(values, fmt: str) -> str:
@@ -108,10 +109,11 @@ def recovery_summary(per: list[dict], share: float = 0.9) -> list[str]:
     return out
 
 
-def pairwise_table(per: list[dict]) -> tuple[str, list[str], list[str]]:
-    """The pairwise table, the pairs aligned above random and those not."""
+def pairwise_table(per: list[dict]) -> tuple[str, dict[str, list[str]]]:
+    """The pairwise table and the ordered pairs by verdict against their random baseline (:data:`ABOVE_RANDOM_SE`):
+    ``{"above": [...], "below": [...], "within": [...]}``, each entry ``"a → b (mmcs vs random)"``."""
     names = [m for m in METHODS if m in per[0]["pairwise"]]
-    rows, above, not_above = [], [], []
+    rows, verdicts = [], {"above": [], "below": [], "within": []}
     for a in names:
         for b in names:
             if a == b:
@@ -120,15 +122,18 @@ def pairwise_table(per: list[dict]) -> tuple[str, list[str], list[str]]:
             mm, mse = mmcs_mean_se(p)
             rm = float(np.mean([x["random"]["mmcs"] for x in p]))
             rse = _pooled_se([x["random"]["mmcs_se"] for x in p])
-            ok = mm - rm > ABOVE_RANDOM_SE * float(np.hypot(mse, rse))
-            (above if ok else not_above).append(f"{a} → {b} ({mm:.3f} vs {rm:.3f})")
+            margin = ABOVE_RANDOM_SE * float(np.hypot(mse, rse))
+            verdict = "above" if mm - rm > margin else "below" if rm - mm > margin else "within"
+            verdicts[verdict].append(f"{a} → {b} ({mm:.3f} vs {rm:.3f})")
             rows.append([f"{a} → {b}", f"{p[0]['count_a']} → {p[0]['count_b']}", f"{mm:.3f} ± {mse:.3f}",
-                         f"{rm:.3f} ± {rse:.3f}", "yes" if ok else "no"])
+                         f"{rm:.3f} ± {rse:.3f}", {"above": "yes", "below": "no (below)", "within": "no (within)"}[
+                             verdict]])
     spread = "s.e. over seeds" if len(per) > 1 else "s.e. over the reference's directions"
     head = ["reference → candidates", "directions", f"MMCS (mean over the reference's directions; ± {spread})",
             "random from the input covariance (± s.e. over draws)",
-            f"above random (difference > {ABOVE_RANDOM_SE:g} combined s.e.)"]
-    return md_table(head, rows), above, not_above
+            f"above random (difference > {ABOVE_RANDOM_SE:g} combined s.e.; below: short of it by as much; within: "
+            "neither)"]
+    return md_table(head, rows), verdicts
 
 
 def faithfulness_table(per: list[dict]) -> str:
@@ -183,7 +188,7 @@ def write(out: Path, results: dict) -> list[str]:
         made["pairwise_bars"] = figs.plot_pairwise_mmcs(per, fig_dir / "mmcs_per_method.png")
     made["heatmap"] = figs.plot_heatmap(per, fig_dir / "pairwise_heatmap.png")
     made["faithfulness"] = figs.plot_faithfulness(per, fig_dir / "faithfulness.png")
-    pair, above, not_above = pairwise_table(per)
+    pair, verdicts = pairwise_table(per)
     truth, truth_lines = truth_table(per) if toy else (None, [])
     spd_line = spd_per_feature_line(per)
     support = [s.get("support_dim") for s in per]
@@ -192,8 +197,7 @@ def write(out: Path, results: dict) -> list[str]:
     ctx = {"r": results, "quick": results["preset"] == "quick", "toy": toy, "n": len(per),
            "truth_table": truth, "truth_lines": truth_lines, "pairwise_table": pair, "spd_line": spd_line,
            "recovery": recovery_summary(per) if toy else [], "support_dim": support[0],
-           "shares": ", ".join(f"{METHOD_LABELS[m]} {v:.2f}" for m, v in shares.items()), "above": above,
-           "not_above": not_above, "faithfulness_table": faithfulness_table(per),
+           "shares": ", ".join(f"{METHOD_LABELS[m]} {v:.2f}" for m, v in shares.items()), "verdicts": verdicts, "faithfulness_table": faithfulness_table(per),
            "downstream_table": downstream_table(per), "block": per[0]["block"], "methods": METHOD_LABELS,
            "chosen": sorted({s["function"]["chosen"] for s in per}), "threshold": RECOVERED_COSINE,
            "above_se": ABOVE_RANDOM_SE,
