@@ -66,12 +66,13 @@ def _from_w(w, r):
     return c, b, A
 
 
-def _gram_w(mix):
-    """E_mix[phi_a phi_b] for phi = (1, u_i, u_i^2, sqrt2 u_i u_j) from the Stein-recursion moment table."""
+def _gram_w(mix, weights=None):
+    """E_mix[phi_a phi_b] for phi = (1, u_i, u_i^2, sqrt2 u_i u_j) from the Stein-recursion moment table (``weights
+    [K]``: the components' weights in the sum instead of the mixture's, e.g. one-hot for one component's Gram)."""
     coords = coordinates_of(mix)
     r = coords.r
     rows, vals, keys, order = moment_table(coords.means, coords.covs, 4)
-    mom = mix.weights @ vals
+    mom = (mix.weights if weights is None else np.asarray(weights)) @ vals
     feats = [()] + [(i,) for i in range(r)] + list(itertools.combinations_with_replacement(range(r), 2))
     scale = np.array([1.0] * (r + 1) + [1.0 if i == j else np.sqrt(2.0) for i, j in feats[r + 1 :]])
     F = len(feats)
@@ -145,7 +146,8 @@ def test_rank_deficient_components_match_dense_solution(ranks):
     assert _rel(w_min, w_pool) > 1e-4  # the anchor matters: the checks below can fail
     dense = fit_mixture(net, mix, 2, method="dense")
     for init, w_star in (("zero", w_min), ("pooled", w_pool)):
-        p = fit_mixture(net, mix, 2, method="cg", init=init, tol=1e-12, fvu_tol=0.0)
+        # float64: the canonical answer (the default on a CPU with fast bfloat16 is canonical on the supports only)
+        p = fit_mixture(net, mix, 2, method="cg", init=init, tol=1e-12, fvu_tol=0.0, dtype="float64")
         si = p.solver_info
         assert si["converged"] and si["canonical"] and si["operator_structure"] != "nonsingular" and si["init"] == init
         w = _solution_w(p, mix)
@@ -316,7 +318,9 @@ def test_warm_start_gives_the_cold_start_answer(ranks, jitter, init):
     mix = _mixture(d, ranks, rng, jitter=jitter)
     net1 = _net(d, rng)
     net2 = MLP(net1.W1 * 1.01 + 0.01 * rng.standard_normal(net1.W1.shape), net1.b1, net1.W2, net1.b2, "gelu")
-    kw = dict(method="cg", tol=1e-12, fvu_tol=0.0, init=init, maxiter=2000)
+    # the singular case in float64, whose answer is canonical (the default is that only where the operator is not
+    # singular or bfloat16 is slow); the non-singular one at the default
+    kw = dict(method="cg", tol=1e-12, fvu_tol=0.0, init=init, maxiter=2000, dtype="auto" if jitter else "float64")
     p1 = fit_mixture(net1, mix, 2, **kw)
     cold = fit_mixture(net2, mix, 2, **kw)
     warm = fit_mixture(net2, mix, 2, warm_start=p1, **kw)
@@ -461,7 +465,7 @@ def test_bfloat16_on_singular_operators_is_optimal_and_says_it_is_not_canonical(
     mix = _mixture(d, ranks, rng, jitter=jitter)
     net = _net(d, rng)
     kw = dict(method="cg", tol=1e-9, fvu_tol=0.0, init=init, maxiter=3000)
-    p64 = fit_mixture(net, mix, 2, **{**kw, "tol": 1e-12})
+    p64 = fit_mixture(net, mix, 2, **{**kw, "tol": 1e-12, "dtype": "float64"})
     p16 = fit_mixture(net, mix, 2, dtype="bfloat16", **kw)
     si = p16.solver_info
     assert si["converged"] and si["operator_structure"] == p64.solver_info["operator_structure"]
@@ -474,23 +478,27 @@ def test_bfloat16_on_singular_operators_is_optimal_and_says_it_is_not_canonical(
     else:
         assert not si["canonical"] and "bfloat16 rounding" in si["extension_note"]
         assert p64.solver_info["canonical"]
-        warm = fit_mixture(net, mix, 2, warm_start=p16, **kw)
+        warm = fit_mixture(net, mix, 2, warm_start=p16, dtype="float64", **kw)
         assert warm.solver_info["init"] == "warm" and not warm.solver_info["canonical"]
 
 
-def test_auto_dtype_picks_bfloat16_only_where_it_is_fast_and_canonical(monkeypatch):
+def test_auto_dtype_picks_bfloat16_where_it_is_fast_and_says_what_the_answer_is(monkeypatch):
     import mlpinterp.poly.mixture.exact as ex
 
     rng = np.random.default_rng(25)
     full = _mixture(4, [4, 4], rng, jitter=0.1)
     singular = _mixture(4, [2, 1], rng)
     net = _net(4, rng)
-    # a singular operator gets float64 (float32 sweeps stall there and fall back, slower than float64 on MNIST)
-    for fast, mix, want in [(True, full, "bfloat16"), (False, full, "float32"), (True, singular, "float64")]:
+    # fast bfloat16: bfloat16 (on a singular operator the canonical answer on the supports only,
+    # test_mixture_default.py); none: float32 on a non-singular operator, float64 on a singular one (float32 sweeps
+    # stall there and fall back, slower than float64 on MNIST)
+    for fast, mix, want, canonical in [(True, full, "bfloat16", True), (False, full, "float32", True),
+                                       (True, singular, "bfloat16", False), (False, singular, "float64", True)]:
         monkeypatch.setattr(ex, "cpu_has_fast_bfloat16", lambda fast=fast: fast)
         p = fit_mixture(net, mix, 2, method="cg", dtype="auto", device="cpu")
         assert p.solver_info["dtype"] == want and p.solver_info["dtype_requested"] == "auto"
-        assert p.solver_info["converged"] and p.solver_info["canonical"]
+        assert p.solver_info["converged"] and p.solver_info["canonical"] == canonical
+        assert p.solver_info["answer"] == ("canonical" if canonical else "canonical on the support")
         assert p.solver_info["dtype_reason"].startswith("auto: ")
         default = fit_mixture(net, mix, 2, method="cg", device="cpu")  # the library default is "auto"
         assert default.solver_info["dtype_requested"] == "auto" and default.solver_info["dtype"] == want
@@ -510,7 +518,7 @@ def test_reduced_precision_on_singular_operators_converges_to_the_float64_polyno
             mix = _mixture(5, ranks, rng)
             net = _net(5, rng)
             kw = dict(method="cg", tol=1e-9, fvu_tol=0.0, init=init, maxiter=3000)
-            p64 = fit_mixture(net, mix, 2, **{**kw, "tol": 1e-12})
+            p64 = fit_mixture(net, mix, 2, **{**kw, "tol": 1e-12, "dtype": "float64"})
             with warnings.catch_warnings():
                 warnings.simplefilter("error", RuntimeWarning)  # "did not converge" fails the test
                 p = fit_mixture(net, mix, 2, dtype=dtype, **kw)

@@ -41,7 +41,10 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
     -------
     ``RidgePolynomial`` or ``DensePolynomial``: callable ``[n, d_in] -> [n, d_out]`` with ``coefficients(k)``.
     On a singular covariance the approximant is optimal on the support and extended off it by orthogonal
-    projection onto the support (minimum-norm coefficients).
+    projection onto the support (minimum-norm coefficients). Under a mixture whose components are all
+    rank-deficient, the default CG precision on a CPU with fast bfloat16 GEMMs returns the documented (canonical)
+    polynomial on every component's support and another optimal one off them: ``p.solver_info["answer"]`` says
+    which (``"canonical"`` or ``"canonical on the support"``); ``dtype="float64"`` gives the canonical one everywhere.
 
     Raises
     ------

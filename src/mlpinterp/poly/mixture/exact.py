@@ -138,13 +138,16 @@ def fit_mixture(
         of the true residual between sweeps, float32 sweeps once bfloat16 ones stall and float64 sweeps once float32
         ones stall (``solver_info["fallback"]``, a list of the switches),
         convergence always decided on the float64 residual ``rhs - M theta``. On an operator that is not provably
-        non-singular the bfloat16 answer is optimal on the components' supports but not the documented solution
-        off them (``solver_info["canonical"]`` False). ``"auto"`` picks only precisions whose answer is proven to be
-        the documented one: bfloat16 on a CPU with fast bfloat16 GEMMs (``cpu_has_fast_bfloat16``) when the operator
-        is non-singular, float32 on a non-singular operator otherwise, and float64 on an operator that is not
-        provably non-singular (there float32 sweeps stall and fall back: slower than float64 on MNIST's class
-        covariances, ``docs/measurements.md``). ``solver_info["dtype"]`` says which precision ran and
-        ``solver_info["dtype_reason"]`` why.
+        non-singular the bfloat16 answer is the documented solution on the components' supports (every solution of
+        the normal equations is: the same polynomial there, to the solver's tolerance) but not off them: bfloat16
+        rounding adds a polynomial that vanishes on every component's support (``solver_info["canonical"]`` False,
+        ``solver_info["answer"]`` ``"canonical on the support"``). ``"auto"`` picks bfloat16 on a CPU with fast
+        bfloat16 GEMMs (``cpu_has_fast_bfloat16``), float32 on a non-singular operator otherwise, and float64 on an
+        operator that is not provably non-singular without fast bfloat16 (there float32 sweeps stall and fall back:
+        slower than float64 on MNIST's class covariances, ``docs/measurements.md``); so the default answer is the
+        canonical one everywhere on a non-singular operator, and on a singular one with fast bfloat16 the canonical
+        one on the supports only (``dtype="float64"`` for the canonical one everywhere). ``solver_info["dtype"]``
+        says which precision ran and ``solver_info["dtype_reason"]`` why.
     progress : show a progress bar over CG iterations (``mlpinterp.utils.progress``).
 
     Returns
@@ -154,7 +157,9 @@ def fit_mixture(
     end), ``converged`` (true only if the true residual met the rules above), ``stopped_by`` (``"residual"``,
     ``"fvu"``, ``"maxiter"``, ``"stalled"`` or ``"refine"``), ``excess_fvu_estimate``, ``operator_structure``
     (``"nonsingular"``, ``"singular"``, ``"possibly singular"``), ``init`` (``"pooled"``, ``"zero"``, ``"warm"`` or
-    ``"warm (plain start)"``), ``canonical`` (the answer is the documented one, not just any solution),
+    ``"warm (plain start)"``), ``canonical`` (the answer is the documented one, not just any solution), ``answer``
+    (``"canonical"``, or ``"canonical on the support"``: the documented polynomial on every component's support,
+    another solution of the normal equations off them),
     ``support_rank`` r, ``singular`` and a ``note`` on the support, ``wall_time_s``, ``cpu_time_s``, and (CG) the residual and
     explained-variance histories. The dense path reports the Gram matrix's condition number and rank.
 
@@ -279,13 +284,15 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
     requested = dtype
     reason = "requested"
     if dtype == "auto":
-        fast = dev.type == "cpu" and cpu_has_fast_bfloat16()
-        if op64.structure != "nonsingular":
-            dtype, reason = torch.float64, f"auto: the operator is {op64.structure} (bfloat16 would not be canonical)"
-        elif fast:
-            dtype, reason = torch.bfloat16, "auto: non-singular operator, fast bfloat16 GEMMs on this CPU"
-        else:
+        if dev.type == "cpu" and cpu_has_fast_bfloat16():
+            dtype, reason = torch.bfloat16, "auto: fast bfloat16 GEMMs on this CPU" + (
+                ", non-singular operator (the canonical answer)" if op64.structure == "nonsingular" else
+                f"; the operator is {op64.structure} (the canonical answer on the components' supports)")
+        elif op64.structure == "nonsingular":
             dtype, reason = torch.float32, "auto: non-singular operator, no fast bfloat16 GEMMs on this device"
+        else:  # float32 sweeps stall on singular operators and fall back to float64: float64 from the start
+            dtype, reason = torch.float64, (f"auto: the operator is {op64.structure} and this device has no fast "
+                                            "bfloat16 GEMMs")
     inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
     fallback = _operator(mixture, coords, preconditioner, dev, torch.float32) if dtype == torch.bfloat16 else None
     ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
@@ -364,6 +371,7 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
                  dtype_reason=reason,
                  operator_structure=structure,
                  null_directions_found=op64.null_directions, canonical=canonical,
+                 answer="canonical" if canonical else "canonical on the support",
                  operator_applications=sum(op.n_apply - n for op, n in zip(ops, n_apply, strict=True)),
                  operator_applications_by_dtype={str(op.dtype).replace("torch.", ""): op.n_apply - n
                                                  for op, n in zip(ops, n_apply, strict=True)},
@@ -374,8 +382,8 @@ def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_to
             "optimal on the mixture; off the components' supports it is "
             + ({"pooled": "the solution closest to the pooled-Gaussian quadratic", "zero": "the minimum-norm solution"}[init]
                + " in the preconditioner's metric" if canonical else
-               ("one solution among many (bfloat16 rounding adds null-space components): use dtype float32 or "
-                "float64 for the canonical one" if dtype == torch.bfloat16 else
+               ("one solution among many (bfloat16 rounding adds null-space components): use dtype='float64' "
+                "for the canonical one" if dtype == torch.bfloat16 else
                 "one solution among many (a plain warm start adds its null component): warm-start from a "
                 "fit_mixture result under the same mixture for the canonical one"))
         )
