@@ -56,10 +56,11 @@ class PolynomialReproConfig:
     is warm-started from the previous checkpoint's) or ``final`` (``auto``, from earlier versions, means ``all``)."""
     mixture_cg_dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     """Precision of the CG operator for the mixture quadratic when the dense solve does not fit (MNIST):
-    ``auto`` (bfloat16 GEMMs on a CPU with fast bfloat16 when the class covariances have full rank, e.g.
-    Ledoit-Wolf; float32 on full-rank classes without fast bfloat16; float64 when the operator is not provably
-    non-singular, e.g. empirical classes), ``bfloat16``, ``float32`` (float64 residuals and refinement, the same
-    stopping rule, decided in float64, for each) or ``float64``."""
+    ``auto`` (the library default: bfloat16 GEMMs on a CPU with fast bfloat16, whose answer on empirical classes
+    is the canonical one on the classes' supports only; without fast bfloat16, float32 on full-rank classes, e.g.
+    Ledoit-Wolf, and float64 when the operator is not provably non-singular, e.g. empirical classes),
+    ``bfloat16``, ``float32`` (float64 residuals and refinement, the same stopping rule, decided in float64, for
+    each) or ``float64`` (the canonical answer everywhere)."""
     max_image_side: int | None = None
     """Average-pool the images to at most this many pixels per side before anything else (default: full size)."""
     attack_k: int = 10
