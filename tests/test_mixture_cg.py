@@ -842,3 +842,59 @@ def test_factored_apply_matches_the_generic_operator(act):
     op32 = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="op must be the float64 mixture operator, got one working in torch.float32"):
         op32.apply_factored(q)
+
+
+# ------------------------------------------------------------------ sweep control
+def _one_sweep(op, rhs, frozen, *, reduction, maxiter):
+    """One ``_inner_pcg`` sweep on ``M d = rhs`` from d = 0 with the stopping rules off except ``reduction``."""
+    from mlpinterp.poly.mixture.operator import theta_norm
+    from mlpinterp.poly.mixture.pcg import _inner_pcg
+    from mlpinterp.utils.progress import progress_bar
+
+    rhs_norm = theta_norm(rhs)
+    with progress_bar(total=maxiter, desc="sweep", quiet=True) as bar:
+        d, stop, it, *_ = _inner_pcg(op, rhs, rhs_norm, -rhs[0] ** 2, [], frozen.clone(), torch.zeros_like(rhs_norm),
+                                     tol=0.0, fvu_tol=0.0, residual_tol=0.0, window=10, maxiter=maxiter,
+                                     reduction=reduction, bar=bar)
+    return d, stop, it
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_sweep_with_a_frozen_output_ends_once_the_running_outputs_have_cut_their_residual(dtype):
+    # Refinement: a reduced-precision sweep ends ("refine") as soon as every output that is still running has cut
+    # its residual by the sweep's reduction factor; an output frozen by the outer loop takes no steps, so its
+    # residual must not hold the sweep open. Oracle: the true residual rhs - M d of the sweep's correction,
+    # recomputed with the float64 operator, per output, at the step where the sweep ended and one step earlier
+    # (a second sweep run with maxiter one less: CG is deterministic, so it is the same iterate).
+    from mlpinterp.poly.mixture.coordinates import quadratic_in_u
+    from mlpinterp.poly.mixture.operator import theta_cast, theta_norm, theta_sub
+    from mlpinterp.poly.ridge import fit_ridge
+
+    rng = np.random.default_rng(31)
+    d = 6
+    mix = _mixture(d, [6, 4, 6], rng, jitter=0.05)
+    net = _net(d, rng, d_out=3)
+    coords = coordinates_of(mix)
+    op64 = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
+    op = _operator(mix, coords, "diagonal", torch.device("cpu"), dtype)
+    t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
+    rhs = op64.apply(None, components=[t(quadratic_in_u(fit_ridge(net, c, 2), coords)) for c in mix.components])
+    frozen = torch.tensor([False, True, False])
+    reduction = 1e-2
+
+    def true_ratio(d):
+        res = theta_sub(rhs, op64.apply(theta_cast(d, torch.float64)))
+        return (theta_norm(res) / theta_norm(rhs)).numpy()
+
+    dd, stop, it = _one_sweep(op, theta_cast(rhs, dtype), frozen, reduction=reduction, maxiter=500)
+    assert stop == "refine" and it > 1
+    ratio = true_ratio(dd)
+    # the running outputs have cut their residual by the reduction (to the recurrence's drift from the true
+    # residual: the operator's rounding times the growth of the sweep's correction, far below 10 % here)
+    assert np.all(ratio[[0, 2]] <= 1.1 * reduction), ratio
+    # the frozen output took no step
+    assert all(float(part[1].abs().max()) == 0.0 for part in dd) and ratio[1] == pytest.approx(1.0)
+    # and not one step later than needed: one step earlier some running output was still above the reduction
+    d_prev, stop_prev, it_prev = _one_sweep(op, theta_cast(rhs, dtype), frozen, reduction=reduction, maxiter=it - 1)
+    assert stop_prev == "maxiter" and it_prev == it - 1
+    assert np.max(true_ratio(d_prev)[[0, 2]]) > 0.9 * reduction

@@ -219,7 +219,10 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
             if est is not None and est <= fvu_tol and rel <= residual_tol:
                 stop = "fvu"
                 break
-        if float((rel_o * rn / torch.where(r0_norm > 0, r0_norm, torch.ones_like(r0_norm))).max()) <= reduction:
+        # refine: every output still running has cut its residual by ``reduction`` since the sweep began (a frozen
+        # output takes no steps, so its residual says nothing about how far this sweep has come)
+        going = live & ~frozen
+        if bool(going.any()) and float((rel_o * rn / torch.where(live, r0_norm, 1.0))[going].max()) <= reduction:
             stop = "refine"
             break
     return unflatten_theta(D, r), stop, it, residuals, explained, n_active
