@@ -127,8 +127,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from mlpinterp.poly.approximant import DensePolynomial
     from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u
-    from mlpinterp.poly.mixture.exact import _operator, fit_mixture
-    from mlpinterp.poly.mixture.operator import theta_dot
+    from mlpinterp.poly.mixture.exact import fit_mixture
+    from mlpinterp.poly.mixture.operator import cached_operator, theta_dot
     from mlpinterp.poly.ridge import fit_ridge
 
     print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} class covariances, torch threads "
@@ -140,7 +140,7 @@ def main() -> None:
         net, net2 = (MLP(n.W1, n.b1, n.W2[: args.outputs], n.b2[: args.outputs], "relu") for n in (net, net2))
     coords = coordinates_of(mix)
     print(f"d = {mix.d}, outputs {net.d_out}, support rank r = {coords.r}, K = {mix.K}, class ranks {[c.rank for c in mix.components]}")
-    op = _operator(mix, coords, "diagonal", torch.device("cpu"), torch.float64)
+    op = cached_operator(coords, "diagonal", torch.device("cpu"), torch.float64)
     t = lambda ts: tuple(torch.as_tensor(a, dtype=torch.float64) for a in ts)  # noqa: E731
 
     def residual(p, network):

@@ -127,7 +127,7 @@ def main() -> None:
     mix = GaussianMixture.from_labels(np.asarray(data.X_train, dtype=np.float64), data.y_train, shrinkage=shrink)
     seeds = 3 if "stack" in args.probes else 1
     nets = [[train_mlp(data, args.d_hidden, steps, seed=s)[0] for steps in (400, 450)] for s in range(seeds)]
-    op = exact._operator(mix, coordinates_of(mix), "diagonal", torch.device("cpu"), torch.float64)
+    op = op_mod.cached_operator(coordinates_of(mix), "diagonal", torch.device("cpu"), torch.float64)
     kw = dict(method="cg", fvu_tol=1e-6, dtype=torch.float64, device="cpu")
     print(f"case {args.case}, d_hidden {args.d_hidden}, {args.covariance} classes, r = {op.r}, K = {mix.K}, "
           f"threads {args.threads}, load average {os.getloadavg()}")
@@ -159,40 +159,39 @@ def main() -> None:
         del op.precondition_flat
         row(f"kron (C eigenvalues {lo:.2f}-{hi:.2f}, delta {args.kron_delta})", its, cpu, base)
     if "recycle" in args.probes:
-        blocks, apply_flat = [], pcg_mod.apply_flat
+        blocks, apply_flat = [], op.apply_flat
 
-        def recording(o, Z, r):
-            Qz = apply_flat(o, Z, r)
+        def recording(Z):
+            Qz = apply_flat(Z)
             blocks.append((Z.clone(), Qz.clone()))
             return Qz
 
-        pcg_mod.apply_flat = recording
+        op.apply_flat = recording
         t0 = time.process_time()
         p = exact.fit_mixture(nets[0][0], mix, 2, **kw)
         cold = (p.solver_info["iterations"], p.solver_info["operator_applications"]), time.process_time() - t0
-        pcg_mod.apply_flat = apply_flat
+        del op.apply_flat
         Zs, Qs = torch.cat([z for z, _ in blocks]), torch.cat([q for _, q in blocks])
         del blocks
-        galerkin = exact.galerkin_start
+        galerkin = pcg_mod.galerkin_start
         for n in args.recycle:
             H = Zs[:n] @ Qs[:n].T
             w, V = torch.linalg.eigh(0.5 * (H + H.T))
             T = (V[:, w > 1e-10 * w[-1]] / w[w > 1e-10 * w[-1]].sqrt()).T
             W, MW = T @ Zs[:n], T @ Qs[:n]  # W M W^T = I
 
-            def start(anchor, ra, basis, m_basis, W=W, MW=MW):
-                return galerkin(anchor, ra, op_mod.unflatten_theta(torch.cat([W, op_mod.flatten_theta(basis)]), op.r),
-                                op_mod.unflatten_theta(torch.cat([MW, op_mod.flatten_theta(m_basis)]), op.r))
+            def start(anchor, ra, basis, m_basis, space, W=W, MW=MW):
+                return galerkin(anchor, ra, torch.cat([W, basis]), torch.cat([MW, m_basis]), space)
 
             def deflated(F, W=W, MW=MW):
                 Z = type(op).precondition_flat(op, F)
                 return Z - (Z @ MW.T) @ W
 
-            exact.galerkin_start, op.precondition_flat = start, deflated
+            pcg_mod.galerkin_start, op.precondition_flat = start, deflated
             t0 = time.process_time()
             q = exact.fit_mixture(nets[0][1], mix, 2, warm_start=p, **kw)
             warm = time.process_time() - t0
-            exact.galerkin_start = galerkin
+            pcg_mod.galerkin_start = galerkin
             del op.precondition_flat
             row(f"recycle {W.shape[0]} directions of the cold solve (warm only)",
                 [cold[0], (q.solver_info["iterations"], q.solver_info["operator_applications"])], (cold[1], warm), base)

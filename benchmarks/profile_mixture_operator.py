@@ -61,7 +61,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from mlpinterp.poly.mixture.coordinates import coordinates_of
-    from mlpinterp.poly.mixture.exact import _operator, fit_mixture
+    from mlpinterp.poly.mixture.exact import fit_mixture
+    from mlpinterp.poly.mixture.operator import cached_operator
 
     print(f"threads {args.threads}, load average {os.getloadavg()}")
     for case in args.cases:
@@ -82,7 +83,7 @@ def main() -> None:
             st = pstats.Stats(prof)
             st.sort_stats("cumulative").print_stats(r"(operator|pcg|exact|coordinates|ridge)\.py", 14)
         for dtype in (torch.float64, torch.float32):
-            op = _operator(mix, coords, "diagonal", torch.device("cpu"), dtype)
+            op = cached_operator(coords, "diagonal", torch.device("cpu"), dtype)
             g = torch.Generator().manual_seed(0)
             A = torch.randn(net.d_out, coords.r, coords.r, generator=g, dtype=dtype)
             theta = (torch.randn(net.d_out, generator=g, dtype=dtype),

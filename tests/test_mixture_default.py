@@ -69,7 +69,7 @@ CASES = {"ranks (2, 3, 1)": lambda rng: _mixture(5, [2, 3, 1], rng),
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_default_on_singular_operators_is_the_canonical_answer_on_every_support(case, monkeypatch, record_property):
-    import mlpinterp.poly.mixture.exact as ex
+    import mlpinterp.poly.mixture.operator as ex
 
     monkeypatch.setattr(ex, "cpu_has_fast_bfloat16", lambda: True)  # the rule of a CPU with fast bfloat16 GEMMs
     rng = np.random.default_rng(7)

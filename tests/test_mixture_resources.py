@@ -49,14 +49,14 @@ def test_many_components_are_routed_to_the_matrix_free_solver(monkeypatch):
 
 
 def test_matrix_free_solver_refuses_before_building_its_operator(monkeypatch):
-    from mlpinterp.poly.mixture import exact
+    from mlpinterp.poly.mixture import system
 
     net, mix = _case(K=30)
 
     def reached(*a, **k):
         raise AssertionError("the operator was built before the memory check")
 
-    monkeypatch.setattr(exact, "_operator", reached)
+    monkeypatch.setattr(system, "cached_operator", reached)
     monkeypatch.setattr(memory, "available_bytes", lambda: 10_000)
     with pytest.raises(memory.InsufficientMemoryError, match=r"matrix-free quadratic solve \(K = 30 .*needs about"):
         mi.fit_polynomial(net, mix, 2)

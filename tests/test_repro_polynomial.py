@@ -424,7 +424,7 @@ def test_mnist_14x14_warm_starts_the_mixture_quadratic_along_the_run(tmp_path):
              ["quadratic_mixture"]["solver_info"] for s in (16, 24)]
     assert [i["init"] for i in infos] == ["pooled", "warm"]
     # --mixture-cg-dtype auto: bfloat16 GEMMs where this CPU has fast ones (the Ledoit-Wolf classes are full rank)
-    from mlpinterp.poly.mixture.exact import cpu_has_fast_bfloat16
+    from mlpinterp.utils.hardware import cpu_has_fast_bfloat16
 
     want = "bfloat16" if cpu_has_fast_bfloat16() else "float32"
     assert all(i["dtype_requested"] == "auto" and i["dtype"] == want for i in infos), infos

@@ -1,15 +1,15 @@
 """Public entry point of the exact mixture solvers of degree >= 2: ``fit_mixture`` (Rigg & Belrose 2025, §3.4, §4).
 
-``method="cg"`` (degree 2, any size) is the matrix-free solver of ``pcg.py`` on the operator of ``operator.py``; ``method="dense"``
-(any degree, small support) the moment-table solve of ``moment_dense.py``. Both work in the whitened
-support coordinates of ``coordinates.py``.
+One pass, each step handing the next what it prepared: the components' single-Gaussian projections
+(``ridge.fit_ridge``), the support coordinates and those projections in them (``coordinates.py``), one solve in u
+(``method="dense"``: any degree, small support, ``moment_dense.py``; ``method="cg"``: degree 2, any size, the normal
+equations of ``system.py`` solved by the generic block PCG of ``pcg.py``), and the answer mapped back to raw
+coefficients once (``coordinates.u_to_raw``).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -17,52 +17,20 @@ import numpy as np
 from mlpinterp.gaussian.distributions import GaussianMixture
 from mlpinterp.networks import Network, validate_network
 from mlpinterp.poly.approximant import DensePolynomial, RidgePolynomial
-from mlpinterp.poly.mixture.coordinates import coordinates_of, quadratic_in_u, tensors_in_u, u_to_raw
-from mlpinterp.poly.mixture.factored import factored_quadratic_in_u
-from mlpinterp.poly.mixture.moment_dense import solve_dense
-from mlpinterp.poly.mixture.operator import (
-    PRECONDITIONERS,
-    MixtureOperator,
-    apply_cast,
-    relative_residual,
-    theta_norm,
-    theta_sub,
+from mlpinterp.poly.mixture.coordinates import (
+    coordinates_of,
+    factored_quadratic_in_u,
+    quadratic_in_u,
+    quadratics_in_u,
+    tensors_in_u,
+    u_to_raw,
 )
-from mlpinterp.poly.mixture.pcg import galerkin_start, pcg
+from mlpinterp.poly.mixture.moment_dense import solve_dense
+from mlpinterp.poly.mixture.operator import PRECONDITIONERS
+from mlpinterp.poly.mixture.system import solve_quadratic
 from mlpinterp.poly.ridge import fit_ridge
-from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
-from mlpinterp.utils.memory import require
 
 _METHODS = ("auto", "exact", "cg", "dense")
-
-
-_FAST_BF16: dict = {}
-
-
-def cpu_has_fast_bfloat16() -> bool:
-    """True when a bfloat16 matrix product runs at least 2x faster than float32 on this CPU.
-
-    Timed once per process and thread count (best of 3 products of two 512 x 512 matrices): CPUs with AVX512-BF16
-    or AMX run bfloat16 GEMMs several times faster; without them torch emulates bfloat16 and is slower than
-    float32.
-    """
-    import torch
-
-    key = torch.get_num_threads()
-    if key not in _FAST_BF16:
-        a = torch.randn(512, 512)
-        times = {}
-        for dt in (torch.float32, torch.bfloat16):
-            x = a.to(dt)
-            x @ x
-            best = np.inf
-            for _ in range(3):
-                t = time.perf_counter()
-                x @ x
-                best = min(best, time.perf_counter() - t)
-            times[dt] = best
-        _FAST_BF16[key] = bool(times[torch.bfloat16] * 2 <= times[torch.float32])
-    return _FAST_BF16[key]
 
 
 def _torch_dtype(dtype):
@@ -207,19 +175,38 @@ def fit_mixture(
 
     if warm_start is not None:
         _check_warm_start(warm_start, network, method)
-    coords = coordinates_of(mixture)
     info: dict[str, Any] = {
         "network": type(network).__name__, "activation": network.activation,
         "distribution": f"GaussianMixture(K={mixture.K})", "degree": degree, "d_in": network.d_in,
     }
+    # the single-Gaussian projections: of each component (the right-hand side: E_k[f z] = E_k[p_k z] for z of
+    # degree <= ``degree``) and of the pooled Gaussian (CG's anchor)
+    pooled_law = mixture.pooled() if method == "cg" and init == "pooled" else None
+    ridges = [fit_ridge(network, comp, degree) for comp in mixture.components]
+    pooled = fit_ridge(network, pooled_law, 2) if pooled_law is not None else None
+    # everything below works in the support coordinates u
+    coords = coordinates_of(mixture)
+    if method == "cg":
+        state = getattr(warm_start, "_cg_state", None)
+        if state is not None and not (state["coords"]() is coords and state["init"] == init):
+            state = None
+        rhs_terms = quadratics_in_u(ridges, coords)
+        anchor = quadratic_in_u(pooled, coords) if pooled is not None else None
+        anchor_factors = factored_quadratic_in_u(pooled, coords) if pooled is not None else None
+    # the polynomials needed as coefficient tensors in u, expanded when used (after the dense solve's size check):
+    # the components' projections for the dense solve, or a warm start without a usable state for CG
+    plain = method == "cg" and warm_start is not None and state is None
+    to_expand = ridges if method == "dense" else [warm_start] if plain else []
+    expanded = (tensors_in_u(p, coords, p.degree) for p in to_expand)
+    del pooled, to_expand  # memory: the solves need only their forms in u (the dense one: through the generator)
     if method == "dense":
-        tensors_u, sinfo = solve_dense(network, mixture, coords, degree)
+        tensors_u, sinfo = solve_dense(expanded, coords, degree, network.d_out)
         info["method"] = "exact-mixture-dense"
     else:
-        tensors_u, sinfo, state = _solve_cg(network, mixture, coords, tol=float(tol), fvu_tol=float(fvu_tol),
-                                     residual_tol=float(residual_tol), window=window, maxiter=maxiter,
-                                     preconditioner=preconditioner, init=init, warm_start=warm_start, device=device,
-                                     dtype=tdtype, progress=progress, t_start=t_start)
+        tensors_u, sinfo, state = solve_quadratic(
+            coords, network.d_out, rhs_terms, anchor, anchor_factors, next(expanded) if plain else None, state,
+            tol=float(tol), fvu_tol=float(fvu_tol), residual_tol=float(residual_tol), window=window, maxiter=maxiter, preconditioner=preconditioner, init=init, device=device, dtype=tdtype,
+            progress=progress, t_start=t_start)
         info["method"] = "exact-mixture-cg"
     sinfo["support_rank"] = coords.r
     sinfo["singular"] = bool(coords.r < mixture.d)
@@ -238,28 +225,6 @@ def fit_mixture(
 
 
 
-_OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def operator_bytes(K: int, r: int, d_out: int) -> float:
-    """Bytes of the matrix-free solve, float64 (an upper bound for the lower precisions): the K component
-    covariances in u with their working copies and preconditioner blocks (4 K r^2) and CG's iterate, residual,
-    search direction, operator image, anchor and refinement vectors over the outputs (12 d_out r^2)."""
-    return 8.0 * (4 * K + 12 * d_out) * r * r
-
-
-def _operator(mixture: GaussianMixture, coords, preconditioner: str, device, dtype) -> MixtureOperator:
-    """The mixture's operator and preconditioner, cached per (mixture, preconditioner, device, dtype)."""
-    ops = _OPERATORS.setdefault(mixture, {})
-    key = (preconditioner, str(device), str(dtype))
-    if key not in ops:
-        like = next((op for k, op in ops.items() if k[0] == preconditioner and k[1] == str(device)), None)
-        structure = next((op.structure for op in ops.values() if op.structure == "nonsingular"), None)
-        ops[key] = MixtureOperator(coords, mixture.weights, preconditioner, device, dtype, structure=structure,
-                                    like=like)
-    return ops[key]
-
-
 def _check_warm_start(p, network: Network, method: str) -> None:
     if method == "dense":
         raise ValueError("warm_start applies to method='cg' only (the dense solve is direct)")
@@ -268,143 +233,3 @@ def _check_warm_start(p, network: Network, method: str) -> None:
     if p.degree > 2 or p.d_in != network.d_in or p.d_out != network.d_out:
         raise ValueError(f"warm_start must be a polynomial of degree <= 2 with d_in = {network.d_in} and d_out = "
                          f"{network.d_out}, got degree {p.degree}, d_in {p.d_in}, d_out {p.d_out}")
-
-
-def _solve_cg(network: Network, mixture: GaussianMixture, coords, *, tol, fvu_tol, residual_tol, window, maxiter,
-              preconditioner, init, warm_start, device, dtype, progress, t_start):
-    """Matrix-free CG branch of ``fit_mixture``: tensors ``[c, b, A]`` in u and the solver diagnostics."""
-    import torch
-
-    fix_mmap_threshold()  # memory; see mlpinterp.utils.malloc
-    require(operator_bytes(mixture.K, coords.r, network.d_out),
-            f"the matrix-free quadratic solve (K = {mixture.K} components on a support of rank r = {coords.r}, "
-            f"{network.d_out} outputs)", "merge components, or reduce the inputs' dimension (e.g. PCA) before fitting")
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    op64 = _operator(mixture, coords, preconditioner, dev, torch.float64)
-    requested = dtype
-    reason = "requested"
-    if dtype == "auto":
-        if dev.type == "cpu" and cpu_has_fast_bfloat16():
-            dtype, reason = torch.bfloat16, "auto: fast bfloat16 GEMMs on this CPU" + (
-                ", non-singular operator (the canonical answer)" if op64.structure == "nonsingular" else
-                f"; the operator is {op64.structure} (the canonical answer on the components' supports)")
-        elif op64.structure == "nonsingular":
-            dtype, reason = torch.float32, "auto: non-singular operator, no fast bfloat16 GEMMs on this device"
-        else:  # float32 sweeps stall on singular operators and fall back to float64: float64 from the start
-            dtype, reason = torch.float64, (f"auto: the operator is {op64.structure} and this device has no fast "
-                                            "bfloat16 GEMMs")
-    inner = op64 if dtype == torch.float64 else _operator(mixture, coords, preconditioner, dev, dtype)
-    fallback = _operator(mixture, coords, preconditioner, dev, torch.float32) if dtype == torch.bfloat16 else None
-    ops = list({id(op): op for op in (op64, inner, fallback) if op is not None}.values())  # distinct operators
-    n_apply = [op.n_apply for op in ops]
-    as_t = lambda ts: tuple(torch.as_tensor(t, device=dev, dtype=torch.float64) for t in ts)  # noqa: E731
-    ridges = [fit_ridge(network, comp, 2) for comp in mixture.components]
-    factors = [factored_quadratic_in_u(p, coords) for p in ridges]
-    if all(f is not None for f in factors):  # an MLP: from the ridge factors, never the [o, r, r] tensors (factored.py)
-        rhs = op64.apply_factored(factors)
-    else:  # one component's [o, r, r] tensor at a time (a generator), not all K (400 MB at MNIST scale)
-        rhs = op64.apply(None, components=(as_t(quadratic_in_u(p, coords)) for p in ridges))
-    del ridges, factors
-    pooled = fit_ridge(network, mixture.pooled(), 2) if init == "pooled" else None  # the anchor's ridge quadratic
-    pooled_factors = factored_quadratic_in_u(pooled, coords) if pooled is not None else None
-
-    def anchor_residual(rhs, anchor):
-        """``rhs - M anchor`` (float64 from the factors for an MLP, else with the fallback or float64 operator)."""
-        if init != "pooled":
-            return rhs
-        if pooled_factors is not None:
-            return theta_sub(rhs, op64.apply_factored(pooled_factors))
-        return theta_sub(rhs, apply_cast(fallback or op64, anchor))
-
-    t_rhs = time.perf_counter()
-    structure = op64.structure
-
-    shapes = [t.shape for t in rhs]
-
-    def anchor_of():
-        # (the zero anchor only when it is used: a [o, r, r] float64 tensor, 49 MB at MNIST scale)
-        return (as_t(quadratic_in_u(pooled, coords)) if pooled is not None
-                else tuple(torch.zeros(s, dtype=torch.float64, device=dev) for s in shapes))
-
-    anchor = anchor_of()
-    start = init
-    # ra = rhs - M anchor (the anchor's residual; with it the solution's M (x - anchor) = ra - res costs nothing)
-    ra = anchor_residual(rhs, anchor)
-    x0, res0 = (anchor, ra) if init == "pooled" else (None, None)
-    galerkin = None
-    if warm_start is not None:
-        state = getattr(warm_start, "_cg_state", None)
-        if state is not None and state["mixture"]() is mixture and state["init"] == init:
-            corr = tuple(torch.as_tensor(c, device=dev) for c in state["correction"])
-            start = "warm"
-            # Galerkin over the previous corrections (galerkin_start) on a non-singular operator; on a singular one
-            # the corrections' null components make the Galerkin system ill-posed: the plain correction instead
-            if state.get("m_correction") is not None and structure == "nonsingular":
-                mcorr = tuple(torch.as_tensor(c, device=dev) for c in state["m_correction"])
-                x0, res0, C = galerkin_start(anchor, ra, corr, mcorr)
-                rhs_norm = theta_norm(rhs)
-                galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": relative_residual(res0, rhs_norm)[1],
-                            "plain_warm_relative_residual": relative_residual(theta_sub(ra, mcorr), rhs_norm)[1]}
-            else:
-                x0, res0 = tuple(a + c for a, c in zip(anchor, corr, strict=True)), None
-        else:
-            t = tensors_in_u(warm_start, coords, warm_start.degree)
-            t += [np.zeros((network.d_out,) + (coords.r,) * j) for j in range(len(t), 3)]
-            x0, res0, start = as_t(t), None, "warm (plain start)"
-    # memory: the anchor is not kept through the solve (49 MB at MNIST scale; a cold start's x0 is the
-    # anchor itself) but built again for the correction below (the same deterministic values); nor is its
-    # residual ra once a warm start has used it (recomputed below, the same values: one more operator application)
-    del anchor
-    if res0 is not ra:
-        ra = None
-    x, sinfo, res = pcg(op64, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
-                         maxiter=maxiter, progress=progress, x0=x0, inner=inner, fallback=fallback, res0=res0,
-                         return_residual=True)
-    del x0, res0  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
-    if galerkin is not None:
-        sinfo["galerkin_start"] = galerkin
-    # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
-    canonical = structure == "nonsingular" or (start != "warm (plain start)" and dtype != torch.bfloat16 and (
-        start != "warm" or warm_start._cg_state.get("canonical", True)))
-    sinfo.update(method="pcg", preconditioner=preconditioner, init=start, device=str(dev),
-                 dtype=str(dtype).replace("torch.", ""), dtype_requested=str(requested).replace("torch.", ""),
-                 dtype_reason=reason,
-                 operator_structure=structure,
-                 null_directions_found=op64.null_directions, canonical=canonical,
-                 answer="canonical" if canonical else "canonical on the support",
-                 operator_applications=sum(op.n_apply - n for op, n in zip(ops, n_apply, strict=True)),
-                 operator_applications_by_dtype={str(op.dtype).replace("torch.", ""): op.n_apply - n
-                                                 for op, n in zip(ops, n_apply, strict=True)},
-                 setup_time_s=t_rhs - t_start)
-    if structure != "nonsingular":
-        sinfo["extension_note"] = (
-            "the operator may be singular (every component is rank-deficient on the support): the polynomial is "
-            "optimal on the mixture; off the components' supports it is "
-            + ({"pooled": "the solution closest to the pooled-Gaussian quadratic", "zero": "the minimum-norm solution"}[init]
-               + " in the preconditioner's metric" if canonical else
-               ("one solution among many (bfloat16 rounding adds null-space components): use dtype='float64' "
-                "for the canonical one" if dtype == torch.bfloat16 else
-                "one solution among many (a plain warm start adds its null component): warm-start from a "
-                "fit_mixture result under the same mixture for the canonical one"))
-        )
-    anchor = anchor_of()
-    if ra is None:
-        ra = anchor_residual(rhs, anchor)
-    m_correction = theta_sub(ra, res)  # M (x - anchor) = (rhs - M anchor) - (rhs - M x)
-    del ra, res, rhs  # memory: not needed below (the right-hand side and residuals, 49 MB each at MNIST scale)
-    state = {"mixture": weakref.ref(mixture), "init": init, "canonical": canonical,
-             "correction": tuple((a - b).detach() for a, b in zip(x, anchor, strict=True)),  # fresh tensors
-             "m_correction": m_correction}
-    del anchor
-    if not sinfo["converged"]:
-        warnings.warn(
-            f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "
-            f"{sinfo['relative_residual']:.2e}, estimated excess FVU {sinfo['excess_fvu_estimate']}; stopped by "
-            f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
-    tensors_u = [t.detach().to("cpu", torch.float64).numpy() for t in x]
-    del x
-    release_free_memory()
-    sym = tensors_u[2] + np.swapaxes(tensors_u[2], 1, 2)  # 0.5 (A + A^T), one temporary instead of two
-    sym *= 0.5
-    tensors_u[2] = sym
-    return tensors_u, sinfo, state

@@ -5,7 +5,7 @@ The right-hand side of the mixture normal equations is ``sum_k pi_k M_k theta_k`
 single-Gaussian quadratic of component k (``operator`` module docstring), and the pooled-Gaussian anchor's
 residual needs ``M theta_pool``. These quadratics come from ``fit_ridge`` on an MLP, so their quadratic part has
 rank <= d_hidden per output: in u coordinates ``A_o = L^T diag(w_o) L`` with ``L = A_ridge R`` ``[h, r]`` and
-``w = W2 * gamma`` ``[o, h]`` (``coordinates.quadratic_in_u``). With ``G_k = L S_k`` ``[h, r]``:
+``w = W2 * gamma`` ``[o, h]`` (``coordinates.factored_quadratic_in_u`` builds them). With ``G_k = L S_k`` ``[h, r]``:
 
     A m_k = L^T (w_o * (L m_k)),   tr(A S_k) = w_o . diag(L S_k L^T),   S_k A S_k = G_k^T diag(w_o) G_k,
 
@@ -24,9 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpinterp.poly.approximant import RidgePolynomial
-from mlpinterp.poly.mixture.coordinates import SupportCoordinates
-
 
 @dataclass(frozen=True)
 class FactoredQuadratic:
@@ -39,20 +36,3 @@ class FactoredQuadratic:
     b: np.ndarray
     L: np.ndarray
     w: np.ndarray
-
-
-def factored_quadratic_in_u(p: RidgePolynomial, coords: SupportCoordinates) -> FactoredQuadratic | None:
-    """``coordinates.quadratic_in_u`` without forming ``A``: the factors of an MLP's degree-2 ridge polynomial.
-
-    Returns None for a GLU's ridge polynomial (its gate-residual term is not ``L^T diag(w) L``).
-    """
-    if p.G is not None or p.degree != 2:
-        return None
-    mu, R = coords.mean, coords.R
-    gamma, _ = p._monomial_weights(2)
-    L = p.A @ R  # [h, r]
-    w = p.W2 * gamma  # [o, h]
-    T2mu = (w * (p.A @ mu)) @ p.A  # [o, d] = T2 @ mu
-    c = p.coefficients(0) + p.coefficients(1) @ mu + T2mu @ mu
-    b = (p.coefficients(1) + 2 * T2mu) @ R
-    return FactoredQuadratic(c, b, L, w)

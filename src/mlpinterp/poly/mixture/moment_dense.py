@@ -13,10 +13,7 @@ import math
 
 import numpy as np
 
-from mlpinterp.gaussian.distributions import GaussianMixture
-from mlpinterp.networks import Network
-from mlpinterp.poly.mixture.coordinates import SupportCoordinates, tensors_in_u
-from mlpinterp.poly.ridge import fit_ridge
+from mlpinterp.poly.mixture.coordinates import SupportCoordinates
 
 #: Largest number of monomial features the dense path accepts (its Gram matrix is features^2 floats).
 MAX_DENSE_FEATURES = 5000
@@ -98,8 +95,14 @@ def _largest_dim(degree: int) -> int:
     return d
 
 
-def solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoordinates, degree: int):
-    """Dense normal equations in the monomials of u; returns tensors in u and solver diagnostics."""
+def solve_dense(projections, coords: SupportCoordinates, degree: int, d_out: int):
+    """Dense normal equations in the monomials of u; returns tensors in u and solver diagnostics.
+
+    projections : an iterable (e.g. a generator, consumed after the size check below) over the components k of the
+    tensors ``[d_out], [d_out, r], ...`` in u of their degree-``degree`` single-Gaussian projections ``p_k``
+    (``coordinates.tensors_in_u`` of ``fit_ridge``), which have f's moments of degree <= ``degree`` under component k.
+    Raises ValueError when the feature count exceeds ``MAX_DENSE_FEATURES`` or the moments ``MAX_MOMENTS``.
+    """
     r = coords.r
     n_feat = _dense_feature_count(r, degree)
     if n_feat > MAX_DENSE_FEATURES or math.comb(r + 2 * degree, 2 * degree) > MAX_MOMENTS:
@@ -112,7 +115,7 @@ def solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoord
     rows, vals, keys, order = moment_table(coords.means, coords.covs, 2 * degree)
     feats = _monomial_index(r, degree)
     F = feats.shape[0]
-    pi = mixture.weights
+    pi = coords.weights
     mix_moments = pi @ vals  # [M]
     # Gram[a, b] = E_mix[u^(alpha_a + alpha_b)]
     pair = np.concatenate([np.repeat(feats, F, axis=0), np.tile(feats, (F, 1))], axis=1)
@@ -122,13 +125,11 @@ def solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoord
     # RHS[a, o] = sum_k pi_k sum_beta coef_k[o, beta] E_k[u^(alpha_a + beta)]
     mult = _multiplicity(feats, r)
     deg = (feats < r).sum(1)
-    rhs = np.zeros((F, network.d_out))
-    for k, comp in enumerate(mixture.components):
+    rhs = np.zeros((F, d_out))
+    for k, Tu in enumerate(projections):
         if pi[k] == 0:
             continue
-        pk = fit_ridge(network, comp, degree)
-        Tu = tensors_in_u(pk, coords, degree)
-        coef = np.zeros((network.d_out, F))
+        coef = np.zeros((d_out, F))
         for b_ in range(F):
             idx = tuple(int(v) for v in feats[b_, : deg[b_]])
             coef[:, b_] = Tu[deg[b_]][(slice(None),) + idx] * mult[b_]
@@ -138,7 +139,7 @@ def solve_dense(network: Network, mixture: GaussianMixture, coords: SupportCoord
     theta = (V[:, keep] / w[keep]) @ (V[:, keep].T @ rhs)  # minimum-norm solution  [F, o]
     resid = gram @ theta - rhs
     rel = np.linalg.norm(resid, axis=0) / np.maximum(np.linalg.norm(rhs, axis=0), 1e-300)
-    tensors = [np.zeros((network.d_out,) + (r,) * j) for j in range(degree + 1)]
+    tensors = [np.zeros((d_out,) + (r,) * j) for j in range(degree + 1)]
 
     for a in range(F):
         j = int(deg[a])

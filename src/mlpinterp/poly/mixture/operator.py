@@ -39,20 +39,26 @@ non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint, so 
 ``H + H^T`` (exactly symmetric). On the CPU the second GEMM of each pair computes only the block-lower part of its
 symmetric answer (``_add_sandwiches``). Measured costs: docs/measurements.md, "Mixture solver".
 
-Public interface to the solver: :class:`MixtureOperator` (``apply``, ``apply_factored``, ``precondition_flat``), :func:`operator_structure`,
-:class:`IndefiniteOperatorError`, the parameter-vector algebra on ``(c [o], b [o, r], A [o, r, r])`` tuples
-(:func:`theta_dot`, :func:`theta_sub`, :func:`theta_sub_into`, :func:`theta_norm`, :func:`relative_residual`,
-:func:`theta_cast`, :func:`flatten_theta`, :func:`unflatten_theta`, :func:`symmetric_part`,
-:func:`symmetric_part_`, :func:`symmetrise_`) and :func:`apply_cast` / :func:`apply_flat`.
+Interface. :class:`MixtureOperator` applies M to ``(c [o], b [o, r], A [o, r, r])`` tuples (``apply``,
+``apply_factored``) and to their flat form (``apply_flat``, ``precondition_flat``: one ``[o, 1 + r + r^2]`` row per
+output, :func:`flatten_theta`), in which the inner product is :func:`flat_dot` and the subspace of symmetric A is
+kept by :func:`symmetrise_flat_`: :func:`precision_of` and :func:`space_of` give them to the generic solver of
+``pcg.py`` in its terms. :func:`cached_operator` keeps one operator per mixture, preconditioner, device and precision;
+:func:`auto_dtype` says which precision ``dtype="auto"`` runs.
 """
 
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import numpy as np
 
 from mlpinterp.poly.mixture.coordinates import SupportCoordinates
 from mlpinterp.poly.mixture.factored import FactoredQuadratic
+from mlpinterp.poly.mixture.pcg import Precision, Space
+from mlpinterp.utils.hardware import cpu_has_fast_bfloat16
 
 PRECONDITIONERS = ("diagonal", "pooled", "none")
 #: Eigenvalues of the preconditioner's (c, diag A) block, and moments ``E[u_i^2 u_j^2]``, at or below this
@@ -60,10 +66,6 @@ PRECONDITIONERS = ("diagonal", "pooled", "none")
 NULL_RTOL = 1e-12
 #: Rank rule for "component k has full rank on the support" (proves the operator non-singular).
 FULL_RANK_RTOL = 1e-10
-
-
-class IndefiniteOperatorError(ArithmeticError):
-    """The mixture operator has a direction with ``<p, M p> < 0`` beyond rounding (it must be PSD)."""
 
 
 def _component_apply(c, b, A, m, S, trAS=None):
@@ -310,6 +312,21 @@ class MixtureOperator:
                 g2[j].addmm_(Gall.T * Wall[j], Gall)
         return g0, g1, g2
 
+    def apply_flat(self, Z):
+        """:meth:`apply` on flat rows ``Z [s, 1 + r + r^2]`` (:func:`flatten_theta`), in this operator's working dtype,
+        answered in ``Z``'s dtype in one new ``[s, n]`` tensor (memory: no second ``[s, r, r]`` copy in ``Z``'s dtype
+        beside the flat block)."""
+        r = self.r
+        theta = unflatten_theta(Z, r)
+        if self.work_dtype != Z.dtype:
+            theta = tuple(t.to(self.work_dtype) for t in theta)
+        g = self.apply(theta)
+        del theta
+        out = Z.new_empty(Z.shape)
+        for dst, src in zip(unflatten_theta(out, r), g, strict=True):
+            dst.copy_(src)
+        return out
+
     def precondition_flat(self, F):
         """Apply the preconditioner (a PSD approximation of M^+; see module docstring) to ``F [s, 1 + r + r^2]``
         (``flatten_theta`` rows), written into one new ``[s, n]`` tensor of ``F``'s dtype.
@@ -396,37 +413,8 @@ def symmetrise_(g2):
 
 
 def theta_dot(x, y):
-    """Per-output inner products ``<x_o, y_o>`` -> ``[o]``."""
+    """Per-output inner products ``<x_o, y_o>`` of ``(c, b, A)`` tuples -> ``[o]``."""
     return (x[0] * y[0]) + (x[1] * y[1]).sum(1) + (x[2] * y[2]).sum((1, 2))
-
-
-def theta_sub(x, y):
-    """x - y, per output."""
-    return tuple(a - b for a, b in zip(x, y, strict=True))
-
-
-def theta_sub_into(x, y):
-    """``x - y`` per output, written into ``y``'s tensors (``y`` must be fresh: an operator's answer; the same values
-    as ``theta_sub``, one ``[o, r, r]`` tensor fewer)."""
-    import torch
-
-    return tuple(torch.sub(a, b, out=b) if a.dtype == b.dtype else a - b for a, b in zip(x, y, strict=True))
-
-
-def theta_norm(theta):
-    """Per-output norms ``[o]``, 1 where 0 (the denominators of relative residuals)."""
-    n = theta_dot(theta, theta).sqrt()
-    return n.where(n > 0, n.new_ones(()))
-
-
-def relative_residual(res, rhs_norm):
-    """``(per-output relative residual [o], its max as a float)``."""
-    rel_o = theta_dot(res, res).sqrt() / rhs_norm
-    return rel_o, float(rel_o.max())
-
-
-def theta_cast(theta, dtype):
-    return tuple(t.to(dtype) for t in theta)
 
 
 def flatten_theta(theta):
@@ -441,37 +429,66 @@ def unflatten_theta(F, r: int):
     return F[:, 0], F[:, 1 : r + 1], F[:, r + 1 :].reshape(F.shape[0], r, r)
 
 
-def symmetric_part(theta):
-    """(c, b, A) with A replaced by its symmetric part (the operator is self-adjoint on symmetric A only)."""
-    return theta[0], theta[1], 0.5 * (theta[2] + theta[2].transpose(1, 2))
+def flat_dot(X, Y, r: int):
+    """Per-row inner products ``[o]`` of flat rows ``X, Y [o, 1 + r + r^2]``: :func:`theta_dot` of their parts (the same
+    values as on the tuples)."""
+    return theta_dot(unflatten_theta(X, r), unflatten_theta(Y, r))
 
 
-def symmetric_part_(theta):
-    """``symmetric_part`` in place (``theta``'s A is overwritten; the same values, one ``[o, r, r]`` temporary instead of two)."""
-    symmetrise_(theta[2])
-    return theta
+def flat_gram(X, Y, r: int):
+    """All inner products ``[nx, ny]`` between the flat rows of ``X [nx, n]`` and ``Y [ny, n]``, summed part by part
+    as :func:`flat_dot`."""
+    x, y = unflatten_theta(X, r), unflatten_theta(Y, r)
+    return x[0][:, None] * y[0][None] + x[1] @ y[1].T + x[2].reshape(x[2].shape[0], -1) @ y[2].reshape(y[2].shape[0], -1).T
 
 
-def dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
+def symmetrise_flat_(X, r: int):
+    """Replace the A part of each flat row of ``X`` by its symmetric part, in place (the operator is self-adjoint on
+    symmetric A only); returns ``X``."""
+    symmetrise_(unflatten_theta(X, r)[2])
+    return X
 
 
-def apply_flat(op: MixtureOperator, Z, r: int):
-    """``flatten_theta(apply_cast(op, unflatten_theta(Z, r)))``: the same values, the answer written into one new ``[s, n]`` tensor
-    (memory: no second ``[s, r, r]`` copy in ``Z``'s dtype beside the flat block)."""
-    theta = unflatten_theta(Z, r)
-    if op.work_dtype != Z.dtype:
-        theta = theta_cast(theta, op.work_dtype)
-    g = op.apply(theta)
-    del theta
-    out = Z.new_empty(Z.shape)
-    for dst, src in zip(unflatten_theta(out, r), g, strict=True):
-        dst.copy_(src)
-    return out
+_OPERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def apply_cast(op: MixtureOperator, theta):
-    """``op.apply`` in ``op``'s working dtype, returned in ``theta``'s dtype."""
-    if op.work_dtype == theta[0].dtype:
-        return op.apply(theta)
-    return theta_cast(op.apply(theta_cast(theta, op.work_dtype)), theta[0].dtype)
+def cached_operator(coords: SupportCoordinates, preconditioner: str, device, dtype) -> MixtureOperator:
+    """The mixture's operator and preconditioner in ``dtype``, cached per (mixture, preconditioner, device, dtype)
+    (``coords`` are cached per mixture: ``coordinates.coordinates_of``); the precisions share their structure and
+    preconditioner setup (``like``)."""
+    ops = _OPERATORS.setdefault(coords, {})
+    key = (preconditioner, str(device), str(dtype))
+    if key not in ops:
+        like = next((op for k, op in ops.items() if k[0] == preconditioner and k[1] == str(device)), None)
+        structure = next((op.structure for op in ops.values() if op.structure == "nonsingular"), None)
+        ops[key] = MixtureOperator(coords, coords.weights, preconditioner, device, dtype, structure=structure,
+                                   like=like)
+    return ops[key]
+
+
+def auto_dtype(op64: MixtureOperator, device):
+    """``fit_mixture(dtype="auto")``: the precision of the inner CG sweeps on ``device`` and why, from the float64
+    operator's structure (``(torch dtype, reason)``)."""
+    import torch
+
+    if device.type == "cpu" and cpu_has_fast_bfloat16():
+        return torch.bfloat16, "auto: fast bfloat16 GEMMs on this CPU" + (
+            ", non-singular operator (the canonical answer)" if op64.structure == "nonsingular" else
+            f"; the operator is {op64.structure} (the canonical answer on the components' supports)")
+    if op64.structure == "nonsingular":
+        return torch.float32, "auto: non-singular operator, no fast bfloat16 GEMMs on this device"
+    # float32 sweeps stall on singular operators and fall back to float64: float64 from the start
+    return torch.float64, f"auto: the operator is {op64.structure} and this device has no fast bfloat16 GEMMs"
+
+
+def precision_of(op: MixtureOperator) -> Precision:
+    """The solver's view of ``op``: its flat application and preconditioner, dtypes and rounding."""
+    return Precision(matvec=op.apply_flat, precondition=op.precondition_flat, dtype=op.dtype,
+                     work_dtype=op.work_dtype, rounding=op.rounding)
+
+
+def space_of(r: int) -> Space:
+    """The solver's view of the flat rows on a support of dimension r: :func:`flat_dot`, :func:`flat_gram`, and the
+    symmetric part of A (:func:`symmetrise_flat_`)."""
+    return Space(dot=functools.partial(flat_dot, r=r), gram=functools.partial(flat_gram, r=r),
+                 project_=functools.partial(symmetrise_flat_, r=r))

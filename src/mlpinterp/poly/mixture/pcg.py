@@ -1,26 +1,18 @@
-"""Block preconditioned conjugate gradients on the mixture operator (``method="cg"``), in mixed precision.
+"""Block preconditioned conjugate gradients with mixed-precision iterative refinement, on flat vectors.
 
-The exact mixture quadratic (feature dimension d(d+1)/2 = 307,720 at d = 784, which Rigg & Belrose 2025, §4 fit by
-SGD) is solved from its normal equations, matrix-free, with the operator of ``operator.py``.
+Generic: it solves ``M X = B`` for right-hand sides ``B [o, n]`` (one system per row) with a symmetric positive
+semi-definite operator seen only through :class:`Precision` (its application and preconditioner in one precision)
+and :class:`Space` (inner products, the subspace of the iterates), as ``scipy.sparse.linalg.cg`` sees a
+``LinearOperator``. The mixture quadratic (d(d+1)/2 = 307,720 features at d = 784, which Rigg & Belrose 2025, §4 fit
+by SGD) builds them in ``system.py`` from ``operator.py``; nothing here knows a mixture.
 
-Block PCG. The outputs' systems share the operator, so one block CG (O'Leary 1980) takes every step along the
-preconditioned residuals of all outputs together, and each output's iterate is the best in the sum of the
-outputs' Krylov spaces (``_inner_pcg``), at one operator application per output and step.
+Block PCG (O'Leary 1980): the rows share the operator, so every step goes along the preconditioned residuals of
+all rows together (``_inner_pcg``).
 
-Which solution. The normal equations are consistent (the right-hand side lies in the range of M), every solution
-gives the same polynomial on the components' supports (the same mixture error), and the solutions differ off
-them. PCG (block PCG too: each of its directions is a combination of preconditioned residuals) started at an
-anchor ``theta_0`` with a positive semi-definite preconditioner P keeps its iterates in
-``theta_0 + P range(M)``, which contains exactly one solution: the solution closest to the anchor in the metric
-``P^+`` (``argmin (theta - theta_0) . P^+ (theta - theta_0)`` subject to ``M theta = rhs``). That is the solution
-returned. The default anchor (``init="pooled"``) is the exact quadratic under the pooled Gaussian: off the
-components' supports the polynomial stays as close as the mixture allows to the pooled-Gaussian optimum (and CG
-starts close to the answer); ``init="zero"`` gives the minimum-norm solution in the metric ``P^+``. A warm start
-from an earlier result under the same mixture starts at the new anchor plus the earlier correction
-``theta - theta_0``, which stays in the same affine set, so it returns the cold start's answer; on a non-singular
-operator the start is the energy-optimal combination of the earlier result's per-output corrections
-(:func:`galerkin_start`: the operator is the same at every checkpoint, so its action on them is known from the
-earlier solve).
+Which solution. On a consistent singular system, PCG (block PCG too: each of its directions is a combination of
+preconditioned residuals) started at ``x0`` with a positive semi-definite preconditioner P keeps its iterates in
+``x0 + P range(M)``, which contains exactly one solution: the one closest to ``x0`` in the metric ``P^+``. A start
+``x0 + D c`` with earlier corrections ``D`` (:func:`galerkin_start`) stays in that set when each of them does.
 
 Convergence is checked on the true residual ``rhs - M theta``, recomputed in float64 when CG stops, never on
 the recurrence alone: the solver reports ``converged`` only when the true relative residual is ``<= tol``, or
@@ -43,32 +35,18 @@ answer is optimal on the supports but not the documented solution off them (``ca
 with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
 float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
 instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
-true residual decides. CG stays on symmetric A: each step's directions are symmetrised, and so are corrections
-in reduced precision. Measured iteration counts and times: docs/measurements.md, "Mixture solver".
+true residual decides. Iterates stay in the subspace of ``Space.project_`` (the mixture's: symmetric A): each
+step's directions are projected, and so are corrections in reduced precision. Measured iteration counts and times: docs/measurements.md, "Mixture solver".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from mlpinterp.poly.mixture.operator import (
-    NULL_RTOL,
-    IndefiniteOperatorError,
-    MixtureOperator,
-    apply_cast,
-    apply_flat,
-    dtype_name,
-    flatten_theta,
-    relative_residual,
-    symmetric_part_,
-    symmetrise_,
-    theta_cast,
-    theta_dot,
-    theta_norm,
-    theta_sub,
-    theta_sub_into,
-    unflatten_theta,
-)
 from mlpinterp.utils.progress import progress_bar
 
 #: A sweep stops on its recurrence at this fraction of ``tol`` (the true residual decides; see ``_inner_pcg``).
@@ -76,10 +54,62 @@ INNER_TOL_FACTOR = 0.5
 #: Block directions whose unit-normalised Gram eigenvalue is at or below this (per vector dtype) are linearly
 #: dependent on the others and dropped (breakdown-free block CG, Ji & Li 2017).
 DEPENDENT_RTOL = {"float64": 1e-10, "float32": 1e-5}
+#: Eigenvalues of the Galerkin Gram ``D^T M D`` at or below this fraction of the largest are dropped
+#: (pseudo-inverse; :func:`galerkin_start`).
+GALERKIN_RTOL = 1e-8
 
 
-def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol, fvu_tol,
-               residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None):
+class IndefiniteOperatorError(ArithmeticError):
+    """The operator has a direction with ``<p, M p> < 0`` beyond rounding (it must be PSD)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The operator as the solver sees it in one floating-point precision (``scipy``'s ``LinearOperator``, with its
+    preconditioner and rounding).
+
+    matvec : ``X [s, n] -> M X [s, n]`` in ``X``'s dtype (the application itself runs in ``dtype``).
+    precondition : ``R [s, n] -> P R [s, n]`` in ``R``'s dtype, P a PSD approximation of ``M^+``.
+    dtype : the torch dtype of the application's GEMMs (float64, float32 or bfloat16).
+    work_dtype : the dtype of the application's other arithmetic (float32 for bfloat16, else ``dtype``).
+    rounding : relative rounding of one application (unit roundoff of its GEMM inputs and outputs).
+    """
+
+    matvec: Callable
+    precondition: Callable
+    dtype: Any
+    work_dtype: Any
+    rounding: float
+
+
+@dataclass(frozen=True)
+class Space:
+    """The vectors' geometry: ``dot(X, Y) -> [o]`` row-wise inner products (the one M is self-adjoint in),
+    ``gram(X, Y) -> [nx, ny]`` all pairs of them, and ``project_(X)``, in place, onto the subspace on which M is
+    self-adjoint (returns ``X``)."""
+
+    dot: Callable
+    gram: Callable
+    project_: Callable
+
+
+def dtype_name(dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def _norm(space: Space, X):
+    """Row norms ``[o]``, 1 where 0 (the denominators of relative residuals)."""
+    return (n := space.dot(X, X).sqrt()).where(n > 0, n.new_ones(()))
+
+
+def _relative(space: Space, res, rhs_norm):
+    """``(per-row relative residual [o], its max as a float)``."""
+    return (rel_o := space.dot(res, res).sqrt() / rhs_norm), float(rel_o.max())
+
+
+def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol,
+               fvu_tol, residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None):
     """Block PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
     One block CG (O'Leary 1980) for all outputs: they share the operator, so each step's directions are the
@@ -92,29 +122,30 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
     Directions are combinations of preconditioned residuals, so on a singular operator every output's iterate
     stays in ``P range(M)`` as with one CG per output (the same solution; module docstring).
 
-    The CG vectors and recurrences stay in ``r0``'s dtype; only the operator applications run in ``op.dtype``.
-    ``precondition``: the operator whose preconditioner is used (default ``op``). ``verify``: the float64 operator, which decides whether a float32
-    direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (dropped). ``rhs_norm [o]``: norms of the
-    original right-hand side; ``explained0 [o]``: variance explained by the outer iterate, per output; ``gains``:
-    the per-output energy decreases ``[o]`` of all earlier steps (appended to).
+    CG vectors and recurrences stay in ``r0 [o, n]``'s dtype; only the applications run in ``op.dtype``.
+    ``precondition``: the precision whose preconditioner is used (default ``op``); ``verify``: the float64 one, which
+    decides whether a float32 direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (dropped); ``rhs_norm
+    [o]``: the right-hand side's norms; ``explained0 [o]``: variance explained by the outer iterate; ``gains``: the
+    per-output energy decreases ``[o]`` of all earlier steps (appended to).
 
     An output whose own relative residual is ``<= tol``, or ``<= residual_tol`` with its own excess-FVU estimate
     ``<= fvu_tol``, is frozen (``frozen [o]``, updated in place): its iterate stops changing and its residual no
     longer adds directions. ``frozen_err [o]`` keeps a frozen output's estimated energy error, which stays in the
-    pooled estimate. Returns ``(d, stop, iterations, residual_history, explained_history, active_output_history)``.
+    pooled estimate. Returns ``(d [o, n], stop, iterations, residual_history, explained_history,
+    active_output_history)``.
     """
-    torch = op.torch
+    import torch
+
     # bfloat16: a direction that looks negative or null may be rounding (2^-8 per GEMM): it is dropped, and the
     # float64 true residual outside decides (falling back to float32 if the sweep stalled)
     low = op.dtype == torch.bfloat16
     tau = 100 * (torch.finfo(torch.float32).eps if low else op.rounding)
-    dep = DEPENDENT_RTOL[dtype_name(r0[0].dtype)]
-    precondition = (precondition or op).precondition_flat
+    dep = DEPENDENT_RTOL[dtype_name(r0.dtype)]
+    precondition = (precondition or op).precondition
     # the recurrence's residual drifts from the true one by the operator's rounding (times the condition number):
     # aim below tol, so that the true residual, which decides, meets it without another sweep
     tol = INNER_TOL_FACTOR * tol
-    r = r0[1].shape[1]
-    R = flatten_theta(r0)  # [o, n] residuals
+    R = r0.clone()  # [o, n] residuals
     D = torch.zeros_like(R)  # [o, n] correction
     rn = rhs_norm
     r0_norm = R.norm(dim=1)
@@ -138,10 +169,9 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
             Qp = None  # memory: the previous block is not used again, freed as soon as it is done with
             Z -= coef @ Pp
         Pp = None
-        # the parameter space is symmetric A: GEMM rounding breaks the symmetry of a direction's A, and on a singular
-        # operator that antisymmetric part, on which the fused operator is not self-adjoint, grew until a float64
-        # direction had <p, M p> < 0 (a false IndefiniteOperatorError on rank-deficient classes at tol 1e-12)
-        symmetrise_(unflatten_theta(Z, r)[2])
+        # rounding moves a direction off the subspace on which M is self-adjoint (the mixture's: an antisymmetric
+        # part of A, which grew on a singular operator until a float64 direction had <p, M p> < 0): project it back
+        space.project_(Z)
         # an orthonormal basis of the block from the Gram of the unit-normalised directions: s x s arithmetic, then
         # one product with Z (memory: the block's [s, n] tensors are rotated only in s x s coefficients below)
         zn = Z.norm(dim=1)
@@ -153,7 +183,7 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
             stop = "stalled"
             break
         Z = ((V[:, keep] / w[keep].sqrt()) / zn[:, None]).T @ Z
-        Q = apply_flat(op, Z, r)
+        Q = op.matvec(Z)
         H = Z @ Q.T
         # the block's energy eigen-directions z_j = U_j^T Z (<z_i, M z_j> = lam_i delta_ij, |z_j| = 1) stay
         # implicit; |M z_j| from the s x s Gram of Q
@@ -165,7 +195,7 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
             # float32 near its attainable accuracy: M z is rounding noise; the float64 operator decides
             jdx = torch.nonzero(neg).flatten()
             Zn = (U[:, jdx].T @ Z).to(torch.float64)
-            lam64 = (Zn * flatten_theta(verify.apply(unflatten_theta(Zn, r)))).sum(1)
+            lam64 = (Zn * verify.matvec(Zn)).sum(1)
             # rounding of <z, M z> is ~ eps ||M|| |z|^2 (on a null direction |M z| itself is rounding)
             bad = lam64 < -100 * verify.rounding * mnorm
             lam = lam.index_copy(0, jdx, torch.where(bad, lam64, torch.zeros_like(lam64)).to(lam.dtype))
@@ -173,10 +203,10 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
         if bool(neg.any()) and not low:
             j = int(torch.nonzero(neg)[0])
             raise IndefiniteOperatorError(
-                f"the mixture operator is not positive semi-definite: a CG direction (from the residuals of "
+                f"the operator is not positive semi-definite: a CG direction (from the residuals of "
                 f"outputs {idx.tolist()}) has <p, M p> = {float(lam[j]):.3g} < 0 with |p| = 1, |M p| = "
-                f"{float(qn[j]):.3g}; the component covariances must be PSD, and in float32 rounding can cause "
-                f"this: retry with dtype=torch.float64"
+                f"{float(qn[j]):.3g}; the mixture's component covariances must be PSD, and in float32 rounding can "
+                f"cause this: retry with dtype=torch.float64"
             )
         ok = lam > tau * qn  # null directions (reached by rounding) carry no step
         U, lam = U[:, ok], lam[ok]
@@ -226,7 +256,7 @@ def _inner_pcg(op: MixtureOperator, r0, rhs_norm, explained0, gains: list, froze
         if bool(going.any()) and float((rel_o * rn / torch.where(live, r0_norm, 1.0))[going].max()) <= reduction:
             stop = "refine"
             break
-    return unflatten_theta(D, r), stop, it, residuals, explained, n_active
+    return D, stop, it, residuals, explained, n_active
 
 
 def _per_output_fvu(energy, explained):
@@ -272,83 +302,83 @@ STAGNATION_STEPS = 30
 BF16_STALL = 0.5
 
 
-def pcg(op64: MixtureOperator, rhs, *, tol: float, fvu_tol: float, residual_tol: float, window: int, maxiter: int,
-         progress: bool, x0=None, inner: MixtureOperator | None = None, max_sweeps: int = 20,
-         fallback: MixtureOperator | None = None, res0=None, return_residual: bool = False):
-    """Batched PCG with true-residual checks and iterative refinement, one system per output; ``(theta, info)``.
+def pcg(exact: Precision, space: Space, rhs, *, tol: float, fvu_tol: float, residual_tol: float, window: int,
+        maxiter: int, progress: bool, x0=None, inner: Precision | None = None, max_sweeps: int = 20,
+        fallback: Precision | None = None, res0=None, recycle=None):
+    """Block PCG with true-residual checks and iterative refinement, one system per row of ``rhs [o, n]``;
+    returns ``(x [o, n], info, res)`` with ``res = rhs - M x`` in float64.
 
-    CG minimises the energy-norm error, i.e. the excess mean squared error ``E_mix[(p_k - p*)^2]`` of the
-    iterate; in exact arithmetic ``||e_k||^2 = sum_{j >= k} alpha_j (r_j . z_j)`` and the sum over the next
-    ``window`` steps is the Hestenes-Stiefel lower-bound estimate (Strakos & Tichy 2002). We divide it by the
-    variance explained so far, ``E[f^2] - E[(f - p_k)^2] - E[f]^2 = theta_k . (rhs + r_k) - E[f]^2`` (pooled over
-    outputs; it increases monotonically to Var(p*)), a proxy for Var(f). Outputs that meet the rules on their
-    own are frozen (see ``_inner_pcg``) and unfrozen if the true residual disagrees.
+    The excess-FVU estimate: CG minimises the energy-norm error, the excess mean squared error of the iterate; in
+    exact arithmetic ``||e_k||^2 = sum_{j >= k} alpha_j (r_j . z_j)``, and the sum over the next ``window`` steps is
+    the Hestenes-Stiefel lower-bound estimate (Strakos & Tichy 2002), divided by the variance explained so far,
+    ``x_k . (rhs + r_k) - rhs[:, 0]^2`` (pooled over outputs; the first entry of a row is the constant feature's,
+    ``E[f]``), a proxy for Var(f). Outputs that meet the rules on their own are frozen (``_inner_pcg``) and unfrozen
+    if the true residual disagrees.
 
-    Each sweep runs PCG with ``inner``'s operator (default: ``op64``; float32 or bfloat16 for mixed precision)
-    on the true residual of the float64 iterate and adds its correction; a sweep ends on the rules of the module
-    docstring, on a residual reduction of ``SWEEP_REDUCTION[dtype]`` (``"refine"``) or when every output's
-    direction is null (``"stalled"``); then the true residual is recomputed. ``fallback`` (a float32 operator,
-    with a bfloat16 ``inner``): the residuals between sweeps are updated with it (``res - M d``), the convergence
-    decision is always confirmed by ``rhs - M x`` in float64, and when a bfloat16 sweep reduces the true residual
-    by less than ``BF16_STALL`` (or increases it: that correction is discarded) the remaining sweeps run in
-    float32; a float32 sweep that stalls likewise hands the remaining sweeps to float64 (``info["fallback"]``: a
-    list of ``{"to", "after_sweep", "reason"}``, one per switch, empty when none). ``x0``: starting point (default
-    0); ``res0``: its residual ``rhs - M x0`` when the caller has it (computed as here: with ``fallback``'s
-    operator, else float64).
-    ``return_residual``: return ``(theta, info, res)`` with ``res = rhs - M theta`` in float64.
+    ``exact``: the float64 precision (true residuals, every convergence decision). Each sweep runs PCG with
+    ``inner`` (default ``exact``; float32 or bfloat16 for mixed precision) on the true residual and adds its
+    correction; a sweep ends on the rules of the module docstring, on a residual reduction of
+    ``SWEEP_REDUCTION[dtype]`` (``"refine"``) or when every direction is null (``"stalled"``). ``fallback`` (float32,
+    with a bfloat16 ``inner``) updates the residual between sweeps (``res - M d``); a bfloat16 sweep that reduces the
+    true residual by less than ``BF16_STALL`` (or raises it: its correction is discarded) hands the remaining sweeps
+    to float32, a float32 one to float64 (``info["fallback"]``: ``{"to", "after_sweep", "reason"}`` per switch).
+    ``x0``: the start (default 0); ``res0``: its residual ``rhs - M x0`` if the caller has it (computed with
+    ``fallback``, else ``exact``). ``recycle``: ``(basis, m_basis)``, earlier corrections ``[m, n]`` and M applied to
+    them: the start is then the best one in ``x0 + span(basis)`` (:func:`galerkin_start`; needs ``res0``), reported
+    in ``info["galerkin_start"]``.
     """
-    torch = op64.torch
-    inner = inner or op64
-    rhs_norm = theta_norm(rhs)
+    rhs_norm = _norm(space, rhs)
+    galerkin = None
     if x0 is None:
-        x = tuple(torch.zeros_like(t) for t in rhs)
+        x = rhs.new_zeros(rhs.shape)
         res = rhs
     else:
         x = x0
-        res = theta_sub(rhs, apply_cast(fallback or op64, x0)) if res0 is None else res0
+        res = rhs - (fallback or exact).matvec(x0) if res0 is None else res0
+        if recycle is not None:
+            basis, m_basis = recycle
+            x, res, C = galerkin_start(x0, res, basis, m_basis, space)
+            galerkin = {"basis": int(C.shape[1]), "initial_relative_residual": _relative(space, res, rhs_norm)[1],
+                        "plain_warm_relative_residual": _relative(space, res0 - m_basis, rhs_norm)[1]}
+    del x0, res0, recycle
     with progress_bar(total=maxiter, desc="mixture CG", quiet=not progress) as bar:
-        x, info, res = _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, tol=tol, fvu_tol=fvu_tol,
-                       residual_tol=residual_tol, window=window, maxiter=maxiter, max_sweeps=max_sweeps)
-    return (x, info, res) if return_residual else (x, info)
+        x, info, res = _sweeps(exact, inner or exact, fallback, space, rhs, rhs_norm, x, res, bar, tol=tol,
+                               fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=maxiter,
+                               max_sweeps=max_sweeps)
+    if galerkin is not None:
+        info["galerkin_start"] = galerkin
+    return x, info, res
 
 
-def galerkin_start(anchor, ra, basis, m_basis):
-    """The best start in ``anchor + span(basis)``: ``(x0, res0, coefficients [o, n])``.
+def galerkin_start(anchor, ra, basis, m_basis, space: Space):
+    """The best start in ``anchor + span(basis)``: ``(x0, res0, coefficients [o, m])``.
 
-    ``basis``, ``m_basis``: ``n`` parameter vectors stacked as (c [n], b [n, r], A [n, r, r]) and the operator
-    applied to them (``M D_j``); ``ra = rhs - M anchor`` per output. For each output ``o`` the coefficients solve
-    the Galerkin equations ``(D^T M D) c_o = D^T ra_o`` (pseudo-inverse), which minimise the energy-norm error,
-    i.e. the excess mean squared error, of ``anchor_o + D c_o`` over the span (Krylov-subspace recycling with the
-    previous checkpoint's corrections: the operator is the same at every checkpoint, only the right-hand side
-    changes). ``res0 = ra - (M D) c`` is the start's residual without an operator application. On a singular
+    ``basis``, ``m_basis``: ``m`` vectors ``[m, n]`` and the operator applied to them (``M D_j``); ``anchor``, ``ra =
+    rhs - M anchor``: ``[o, n]``. For each output ``o`` the coefficients solve the Galerkin equations
+    ``(D^T M D) c_o = D^T ra_o`` (pseudo-inverse), which minimise the energy-norm error, i.e. the excess mean
+    squared error, of ``anchor_o + D c_o`` over the span (Krylov-subspace recycling with the previous checkpoint's
+    corrections: the operator is the same at every checkpoint, only the right-hand side changes). ``res0 = ra -
+    (M D) c`` (projected with ``space``) is the start's residual without an operator application. On a singular
     operator the start stays in ``anchor + P range(M)`` when each ``D_j`` does (corrections of earlier solves).
     """
     import torch
 
-    def dots(X, Y):  # [nx, ny] inner products <X_i, Y_j>
-        return X[0][:, None] * Y[0][None] + X[1] @ Y[1].T + X[2].reshape(X[2].shape[0], -1) @ Y[2].reshape(Y[2].shape[0], -1).T
-
-    G = dots(basis, m_basis)
+    G = space.gram(basis, m_basis)
     G = 0.5 * (G + G.T)
     w, V = torch.linalg.eigh(G)
-    keep = w > NULL_RTOL * 1e4 * w[-1].clamp(min=0) if w.numel() else w > 0
+    keep = w > GALERKIN_RTOL * w[-1].clamp(min=0) if w.numel() else w > 0
     if not bool(keep.any()):
-        return anchor, ra, torch.zeros(ra[0].shape[0], 0, dtype=ra[0].dtype)
+        return anchor, ra, ra.new_zeros(ra.shape[0], 0)
     Ginv = (V[:, keep] / w[keep]) @ V[:, keep].T
-    C = dots(ra, basis) @ Ginv  # [o, n]
-
-    def comb(T):  # sum_j C[o, j] T_j -> per-output tensors
-        return (C @ T[0], C @ T[1], (C @ T[2].reshape(T[2].shape[0], -1)).reshape(-1, *T[2].shape[1:]))
-
-    x0 = tuple(a + b for a, b in zip(anchor, comb(basis), strict=True))
-    res0 = symmetric_part_(tuple(a - b for a, b in zip(ra, comb(m_basis), strict=True)))
-    return x0, res0, C
+    C = space.gram(ra, basis) @ Ginv  # [o, m]
+    return anchor + C @ basis, space.project_(ra - C @ m_basis), C
 
 
-def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, residual_tol, window, maxiter,
-            max_sweeps):
+def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space: Space, rhs, rhs_norm, x, res, bar,
+            *, tol, fvu_tol, residual_tol, window, maxiter, max_sweeps):
     """The refinement sweeps of ``pcg`` (see there)."""
-    torch = op64.torch
+    import torch
+
     o = rhs_norm.shape[0]
     gains: list = []
     frozen = torch.zeros(o, dtype=torch.bool, device=rhs_norm.device)
@@ -356,10 +386,10 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
     residuals, explained, sweeps, n_active = [], [], [], []
     it, stop, converged = 0, "maxiter", False
     # ref: the true relative residual at the last float64 recomputation
-    true_rel, ref = relative_residual(res, rhs_norm)
+    true_rel, ref = _relative(space, res, rhs_norm)
     est = None
     fell_back: list = []
-    update = fallback  # the operator of the residual updates between sweeps (None: rhs - M x in float64)
+    update = fallback  # the precision of the residual updates between sweeps (None: rhs - M x in float64)
     exact = update is None  # res is rhs - M x in float64 (else updated with the float32 operator)
 
     def meets(rel: float, est: float | None) -> bool:
@@ -368,7 +398,7 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
 
     for _ in range(max_sweeps):
         # E[f^2] - E[(f - p)^2] - E[f]^2 per output (the constant feature has E[1 * f] = E[f])
-        explained0 = theta_dot(x, rhs) + theta_dot(x, res) - rhs[0] ** 2
+        explained0 = space.dot(x, rhs) + space.dot(x, res) - rhs[:, 0] ** 2
         # an output stays frozen only if its true residual meets the rule on its own (its error estimate from when
         # it was frozen); one frozen on its recurrence's residual can be above tol in truth: go on
         own_est = _per_output_fvu(frozen_err, explained0)
@@ -384,7 +414,7 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         # bfloat16 sweeps keep their CG vectors in float32 (half the memory traffic; their accuracy is set by the
         # 2^-8 GEMMs); float32 and float64 sweeps keep them in float64
         low = inner.dtype == torch.bfloat16
-        d, stop, n, rh, eh, na = _inner_pcg(inner, theta_cast(res, inner.work_dtype) if low else res, rhs_norm,
+        d, stop, n, rh, eh, na = _inner_pcg(inner, space, res.to(inner.work_dtype) if low else res, rhs_norm,
                                             explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                                             maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
@@ -394,25 +424,25 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         residuals += rh
         explained += eh
         n_active += na
-        if inner.dtype != torch.float64:  # rounding leaves an antisymmetric part in A, invisible to the polynomial
-            d = symmetric_part_(d)  # (d: views of the sweep's own correction)
-        x_new = tuple(a + b.to(a.dtype) for a, b in zip(x, d, strict=True))
+        if inner.dtype != torch.float64:  # rounding moves the correction off the subspace (module docstring)
+            d = space.project_(d)
+        x_new = x + d.to(x.dtype)
         prev = float(true_rel.max())
         exact_new = update is None
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
-            res_new = symmetric_part_(theta_sub_into(res, apply_cast(update, d)))
-            rel_o, rel = relative_residual(res_new, rhs_norm)
+            res_new = space.project_(res - update.matvec(d))
+            rel_o, rel = _relative(space, res_new, rhs_norm)
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
             exact_new = rel <= 1e-3 * ref
         if exact_new:
-            res_new = symmetric_part_(theta_sub_into(rhs, op64.apply(x_new)))
-            rel_o, rel = relative_residual(res_new, rhs_norm)
+            res_new = space.project_(_residual(op64, rhs, x_new))
+            rel_o, rel = _relative(space, res_new, rhs_norm)
         est = _pooled_estimate(gains, frozen, frozen_err, explained[-1] if explained else 0.0, window)
         converged = meets(rel, est)
         if converged and not exact_new:  # the decision is made on rhs - M x in float64 only
-            res_new = symmetric_part_(theta_sub_into(rhs, op64.apply(x_new)))
+            res_new = space.project_(_residual(op64, rhs, x_new))
             exact_new = True
-            rel_o, rel = relative_residual(res_new, rhs_norm)
+            rel_o, rel = _relative(space, res_new, rhs_norm)
             converged = meets(rel, est)
         entry = {"iterations": n, "stopped_by": stop, "true_relative_residual": rel, "dtype": name}
         stalled = not converged and rel > BF16_STALL * prev
@@ -432,8 +462,8 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
             if up is op64:  # float64 sweeps: every residual is rhs - M x in float64
                 update = None
                 if not exact:
-                    res = symmetric_part_(theta_sub_into(rhs, op64.apply(x)))
-                    true_rel, _ = relative_residual(res, rhs_norm)
+                    res = space.project_(_residual(op64, rhs, x))
+                    true_rel, _ = _relative(space, res, rhs_norm)
                     exact, ref = True, float(true_rel.max())
             continue
         if not converged and rel >= prev:  # a sweep that made the true residual worse: its correction is discarded
@@ -449,8 +479,8 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0 or bf16_stalled:
             break
     if not exact:  # the reported residual is always rhs - M x in float64
-        res = theta_sub_into(rhs, op64.apply(x))
-        true_rel, rel = relative_residual(res, rhs_norm)
+        res = _residual(op64, rhs, x)
+        true_rel, rel = _relative(space, res, rhs_norm)
         converged = meets(rel, est)
     info = {
         "iterations": it,
@@ -466,3 +496,11 @@ def _sweeps(op64, inner, fallback, rhs, rhs_norm, x, res, bar, *, tol, fvu_tol, 
         "explained_variance_history": explained,
     }
     return x, info, res
+
+
+def _residual(op64: Precision, rhs, x):
+    """``rhs - M x`` in float64, written into the operator's answer (one ``[o, n]`` tensor, not two)."""
+    import torch
+
+    Mx = op64.matvec(x)
+    return torch.sub(rhs, Mx, out=Mx)
