@@ -31,7 +31,7 @@ def fit_polynomial(network, distribution, degree: int, *, method: Method = "auto
         Under a ``GaussianMixture``: degree <= 1 exact by total covariance; degree 2 ``"auto"`` is a dense
         Cholesky solve cached per mixture when (d_in+1)(d_in+2)/2 <= 5000 and its K Gram matrices fit in
         ``cached_dense.MAX_CACHED_BYTES`` and the available memory (``poly/mixture/cached_dense.py``), else
-        matrix-free preconditioned CG (``"cg"``, ``poly/mixture/pcg.py``; see :func:`mixture_route`); ``"dense"`` builds the monomial
+        matrix-free preconditioned CG (``"cg"``, ``poly/mixture/system.py`` and ``pcg.py``; see :func:`mixture_route`); ``"dense"`` builds the monomial
         Gram from a moment table (any degree, small d_in); ``"sgd"`` is the paper's hybrid (N(0, I) init +
         schedule-free SGD on mixture samples), for comparison only.
     options : passed to the solver (``tol``, ``fvu_tol``, ``maxiter``, ``device``, ``dtype``, ``warm_start``, ``init``, ...;

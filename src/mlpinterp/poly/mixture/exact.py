@@ -90,7 +90,7 @@ def fit_mixture(
     preconditioner : ``"diagonal"`` (default), ``"pooled"`` or ``"none"`` (see ``operator``).
     init : CG's anchor and start: ``"pooled"`` (default; the exact quadratic under the pooled Gaussian) or
         ``"zero"``. On a singular operator the answer off the components' supports is the solution closest to
-        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``pcg``).
+        the anchor in the preconditioner's metric (``"zero"``: the minimum-norm one; see ``system``).
     warm_start : the previous checkpoint's ``fit_mixture`` result under the same mixture (method ``"cg"``, same
         ``init``): CG starts from the new anchor plus the best combination of its per-output corrections (the
         Galerkin start of ``pcg.galerkin_start``, on a non-singular operator; the plain correction on a
@@ -110,7 +110,7 @@ def fit_mixture(
         the normal equations is: the same polynomial there, to the solver's tolerance) but not off them: bfloat16
         rounding adds a polynomial that vanishes on every component's support (``solver_info["canonical"]`` False,
         ``solver_info["answer"]`` ``"canonical on the support"``). ``"auto"`` picks bfloat16 on a CPU with fast
-        bfloat16 GEMMs (``cpu_has_fast_bfloat16``), float32 on a non-singular operator otherwise, and float64 on an
+        bfloat16 GEMMs (``utils.hardware.cpu_has_fast_bfloat16``), float32 on a non-singular operator otherwise, and float64 on an
         operator that is not provably non-singular without fast bfloat16 (there float32 sweeps stall and fall back:
         slower than float64 on MNIST's class covariances, ``docs/measurements.md``); so the default answer is the
         canonical one everywhere on a non-singular operator, and on a singular one with fast bfloat16 the canonical
@@ -136,7 +136,7 @@ def fit_mixture(
     TypeError : ``network``/``mixture`` of the wrong type.
     ValueError : dimension mismatch, bad degree/method/preconditioner/tol/maxiter/dtype/warm_start, ``"cg"``
         with degree != 2, or a dense problem too large (the message gives the largest support dimension that fits).
-    IndefiniteOperatorError : CG met a direction with ``<p, M p> < 0`` beyond rounding.
+    pcg.IndefiniteOperatorError : CG met a direction with ``<p, M p> < 0`` beyond rounding.
 
     Warns
     -----
