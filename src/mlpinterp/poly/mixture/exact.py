@@ -198,15 +198,15 @@ def fit_mixture(
     plain = method == "cg" and warm_start is not None and state is None
     to_expand = ridges if method == "dense" else [warm_start] if plain else []
     expanded = (tensors_in_u(p, coords, p.degree) for p in to_expand)
-    del pooled, to_expand  # memory: the solves need only their forms in u (the dense one: through the generator)
+    del ridges, pooled, to_expand  # memory: the solves need only their forms in u (the dense one: the generator's)
     if method == "dense":
         tensors_u, sinfo = solve_dense(expanded, coords, degree, network.d_out)
         info["method"] = "exact-mixture-dense"
     else:
         tensors_u, sinfo, state = solve_quadratic(
             coords, network.d_out, rhs_terms, anchor, anchor_factors, next(expanded) if plain else None, state,
-            tol=float(tol), fvu_tol=float(fvu_tol), residual_tol=float(residual_tol), window=window, maxiter=maxiter, preconditioner=preconditioner, init=init, device=device, dtype=tdtype,
-            progress=progress, t_start=t_start)
+            tol=float(tol), fvu_tol=float(fvu_tol), residual_tol=float(residual_tol), window=window, maxiter=maxiter,
+            preconditioner=preconditioner, init=init, device=device, dtype=tdtype, progress=progress, t_start=t_start)
         info["method"] = "exact-mixture-cg"
     sinfo["support_rank"] = coords.r
     sinfo["singular"] = bool(coords.r < mixture.d)
@@ -220,7 +220,7 @@ def fit_mixture(
     info["solver_info"] = sinfo
     out = DensePolynomial(tuple(raw), info=info)
     if method == "cg":
-        object.__setattr__(out, "_cg_state", state)  # for warm starts (pcg: anchor + correction)
+        object.__setattr__(out, "_cg_state", state)  # for warm starts (system.py: anchor + correction)
     return out
 
 

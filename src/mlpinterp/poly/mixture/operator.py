@@ -439,7 +439,8 @@ def flat_gram(X, Y, r: int):
     """All inner products ``[nx, ny]`` between the flat rows of ``X [nx, n]`` and ``Y [ny, n]``, summed part by part
     as :func:`flat_dot`."""
     x, y = unflatten_theta(X, r), unflatten_theta(Y, r)
-    return x[0][:, None] * y[0][None] + x[1] @ y[1].T + x[2].reshape(x[2].shape[0], -1) @ y[2].reshape(y[2].shape[0], -1).T
+    n, m = x[2].shape[0], y[2].shape[0]
+    return x[0][:, None] * y[0][None] + x[1] @ y[1].T + x[2].reshape(n, -1) @ y[2].reshape(m, -1).T
 
 
 def symmetrise_flat_(X, r: int):

@@ -35,8 +35,9 @@ answer is optimal on the supports but not the documented solution off them (``ca
 with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
 float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
 instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
-true residual decides. Iterates stay in the subspace of ``Space.project_`` (the mixture's: symmetric A): each
-step's directions are projected, and so are corrections in reduced precision. Measured iteration counts and times: docs/measurements.md, "Mixture solver".
+true residual decides. Iterates stay in the subspace of ``Space.project_`` (the mixture's: symmetric A): each step's
+directions are projected, and so are corrections in reduced precision. Measured: docs/measurements.md, "Mixture
+solver".
 """
 
 from __future__ import annotations
@@ -94,18 +95,19 @@ class Space:
 
 
 def dtype_name(dtype) -> str:
-    """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).replace("torch.", "")
+    return str(dtype).replace("torch.", "")  # torch.float32 -> "float32"
 
 
 def _norm(space: Space, X):
     """Row norms ``[o]``, 1 where 0 (the denominators of relative residuals)."""
-    return (n := space.dot(X, X).sqrt()).where(n > 0, n.new_ones(()))
+    n = space.dot(X, X).sqrt()
+    return n.where(n > 0, n.new_ones(()))
 
 
 def _relative(space: Space, res, rhs_norm):
     """``(per-row relative residual [o], its max as a float)``."""
-    return (rel_o := space.dot(res, res).sqrt() / rhs_norm), float(rel_o.max())
+    rel_o = space.dot(res, res).sqrt() / rhs_norm
+    return rel_o, float(rel_o.max())
 
 
 def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol,
@@ -330,8 +332,7 @@ def pcg(exact: Precision, space: Space, rhs, *, tol: float, fvu_tol: float, resi
     rhs_norm = _norm(space, rhs)
     galerkin = None
     if x0 is None:
-        x = rhs.new_zeros(rhs.shape)
-        res = rhs
+        x, res = rhs.new_zeros(rhs.shape), rhs
     else:
         x = x0
         res = rhs - (fallback or exact).matvec(x0) if res0 is None else res0

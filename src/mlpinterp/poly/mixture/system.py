@@ -87,14 +87,17 @@ def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, a
     space = space_of(r)
     exact, sweeps = precision_of(op64), precision_of(inner)
     low = precision_of(fallback) if fallback is not None else None
-    # the anchor (a [o, 1 + r + r^2] float64 tensor, 49 MB at MNIST scale: the zero anchor only when it is used) and
+    # the anchor (a [o, 1 + r + r^2] float64 tensor, 49 MB at MNIST scale) and
     # ra = rhs - M anchor, with which the solution's M (x - anchor) = ra - res costs nothing: float64 from the
     # factors for an MLP, else with the fallback or float64 operator
     if anchor is None:
         a, ra = torch.zeros(rhs.shape, dtype=torch.float64, device=dev), rhs
     else:
         a = flatten_theta(as_t(anchor))
-        Ma = flatten_theta(op64.apply_factored(anchor_factors)) if anchor_factors is not None else (low or exact).matvec(a)
+        if anchor_factors is not None:
+            Ma = flatten_theta(op64.apply_factored(anchor_factors))
+        else:
+            Ma = (low or exact).matvec(a)
         ra = torch.sub(rhs, Ma, out=Ma)
     t_rhs = time.perf_counter()
     structure = op64.structure
@@ -148,7 +151,8 @@ def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, a
         warnings.warn(
             f"fit_mixture: CG did not converge in {sinfo['iterations']} iterations (true relative residual "
             f"{sinfo['relative_residual']:.2e}, estimated excess FVU {sinfo['excess_fvu_estimate']}; stopped by "
-            f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning, stacklevel=3)
+            f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning,
+            stacklevel=3)
     x = x.detach().to("cpu", torch.float64)
     tensors_u = [t.numpy().copy() for t in (x[:, 0], x[:, 1 : r + 1])]
     A = x[:, r + 1 :].reshape(-1, r, r).numpy()
