@@ -110,12 +110,12 @@ def fit_mixture(
         the normal equations is: the same polynomial there, to the solver's tolerance) but not off them: bfloat16
         rounding adds a polynomial that vanishes on every component's support (``solver_info["canonical"]`` False,
         ``solver_info["answer"]`` ``"canonical on the support"``). ``"auto"`` picks bfloat16 on a CPU with fast
-        bfloat16 GEMMs (``utils.hardware.cpu_has_fast_bfloat16``), float32 on a non-singular operator otherwise, and float64 on an
-        operator that is not provably non-singular without fast bfloat16 (there float32 sweeps stall and fall back:
-        slower than float64 on MNIST's class covariances, ``docs/measurements.md``); so the default answer is the
-        canonical one everywhere on a non-singular operator, and on a singular one with fast bfloat16 the canonical
-        one on the supports only (``dtype="float64"`` for the canonical one everywhere). ``solver_info["dtype"]``
-        says which precision ran and ``solver_info["dtype_reason"]`` why.
+        bfloat16 GEMMs (``utils.hardware.cpu_has_fast_bfloat16``), float32 on a non-singular operator otherwise,
+        and float64 on an operator that is not provably non-singular without fast bfloat16 (there float32 sweeps
+        stall and fall back: slower than float64 on MNIST's class covariances, ``docs/measurements.md``); so the
+        default answer is the canonical one everywhere on a non-singular operator, and on a singular one with fast
+        bfloat16 the canonical one on the supports only (``dtype="float64"`` for the canonical one everywhere).
+        ``solver_info["dtype"]`` says which precision ran and ``solver_info["dtype_reason"]`` why.
     progress : show a progress bar over CG iterations (``mlpinterp.utils.progress``).
 
     Returns

@@ -23,21 +23,19 @@ from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mix
 refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
 true residuals outside. In bfloat16 only the operator's GEMMs take bfloat16 inputs; the sweep's CG vectors are
 float32. A bfloat16 sweep ends when every output still running has cut its recurrence residual tenfold
-(``SWEEP_REDUCTION``) or when the recurrence stagnates; the true residual is then
-updated with the float32 operator (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen
-1000-fold, so float32 rounding never accumulates), any convergence is decided on ``rhs - M x`` in float64, and a
-bfloat16 sweep that reduces the true residual less than twofold (or raises it: its correction is discarded)
-switches the remaining sweeps to float32, and a float32 sweep that does so switches them to float64
+(``SWEEP_REDUCTION``) or when the recurrence stagnates; the true residual is then updated with the float32 operator
+(``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so float32 rounding never
+accumulates), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16 sweep that reduces the true
+residual less than twofold (or raises it: its correction is discarded) switches the remaining sweeps to float32,
+and a float32 sweep that does so switches them to float64
 (``solver_info["fallback"]`` lists each switch: on singular operators float32 and bfloat16 rounding can leave the
-true residual above a tight ``tol`` however many sweeps run). bfloat16 is exact in this sense on a non-singular
-operator; on a singular one its rounding adds components along null directions that no residual sees, so the
-answer is optimal on the supports but not the documented solution off them (``canonical`` False). A direction
-with ``<p, M p> < 0`` beyond rounding raises ``IndefiniteOperatorError`` (from a float32 sweep only after the
-float64 operator confirms it, against the rounding scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output
-instead); a direction with ``<p, M p> = 0`` (a null direction reached by rounding) stops that output, and the
-true residual decides. Iterates stay in the subspace of ``Space.project_`` (the mixture's: symmetric A): each step's
-directions are projected, and so are corrections in reduced precision. Measured: docs/measurements.md, "Mixture
-solver".
+true residual above a tight ``tol`` however many sweeps run; on a singular operator bfloat16 rounding also adds
+components along null directions that no residual sees). A direction with ``<p, M p> < 0`` beyond rounding raises
+``IndefiniteOperatorError`` (from a float32 sweep only after the float64 operator confirms it, against the rounding
+scale ``eps ||M|| |p|^2``; bfloat16 sweeps stop that output instead); a direction with ``<p, M p> = 0`` (a null
+direction reached by rounding) stops that output, and the true residual decides. Iterates stay in the subspace of
+``Space.project_`` (the mixture's: symmetric A): each step's directions are projected, and so are corrections in
+reduced precision. Measured: docs/measurements.md, "Mixture solver".
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ INNER_TOL_FACTOR = 0.5
 #: Block directions whose unit-normalised Gram eigenvalue is at or below this (per vector dtype) are linearly
 #: dependent on the others and dropped (breakdown-free block CG, Ji & Li 2017).
 DEPENDENT_RTOL = {"float64": 1e-10, "float32": 1e-5}
-#: Eigenvalues of the Galerkin Gram ``D^T M D`` at or below this fraction of the largest are dropped
-#: (pseudo-inverse; :func:`galerkin_start`).
+#: Eigenvalues of the Galerkin Gram ``D^T M D`` at or below this fraction of the largest are dropped (pseudo-inverse).
 GALERKIN_RTOL = 1e-8
 
 
@@ -66,14 +63,11 @@ class IndefiniteOperatorError(ArithmeticError):
 
 @dataclass(frozen=True)
 class Precision:
-    """The operator as the solver sees it in one floating-point precision (``scipy``'s ``LinearOperator``, with its
-    preconditioner and rounding).
+    """The operator in one floating-point precision (``scipy``'s ``LinearOperator``, with a preconditioner).
 
-    matvec : ``X [s, n] -> M X [s, n]`` in ``X``'s dtype (the application itself runs in ``dtype``).
-    precondition : ``R [s, n] -> P R [s, n]`` in ``R``'s dtype, P a PSD approximation of ``M^+``.
-    dtype : the torch dtype of the application's GEMMs (float64, float32 or bfloat16).
-    work_dtype : the dtype of the application's other arithmetic (float32 for bfloat16, else ``dtype``).
-    rounding : relative rounding of one application (unit roundoff of its GEMM inputs and outputs).
+    matvec : ``X [s, n] -> M X [s, n]`` in ``X``'s dtype; precondition : ``R [s, n] -> P R`` in ``R``'s dtype, P a
+    PSD approximation of ``M^+``; dtype : of the application's GEMMs; work_dtype : of its other arithmetic (float32
+    for bfloat16, else ``dtype``); rounding : relative rounding of one application (unit roundoff of the GEMMs).
     """
 
     matvec: Callable
@@ -85,9 +79,8 @@ class Precision:
 
 @dataclass(frozen=True)
 class Space:
-    """The vectors' geometry: ``dot(X, Y) -> [o]`` row-wise inner products (the one M is self-adjoint in),
-    ``gram(X, Y) -> [nx, ny]`` all pairs of them, and ``project_(X)``, in place, onto the subspace on which M is
-    self-adjoint (returns ``X``)."""
+    """The vectors' geometry: row-wise inner products ``dot(X, Y) -> [o]`` (M is self-adjoint in them), all pairs
+    ``gram(X, Y) -> [nx, ny]``, ``project_(X)`` onto the subspace where M is self-adjoint (in place, returns X)."""
 
     dot: Callable
     gram: Callable

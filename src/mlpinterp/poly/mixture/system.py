@@ -117,7 +117,8 @@ def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, a
         t = list(plain_start) + [np.zeros((d_out,) + (r,) * j) for j in range(len(plain_start), 3)]
         x0, res0, start = flatten_theta(as_t(t)), None, "warm (plain start)"
     x, sinfo, res = pcg(exact, space, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
-                        maxiter=maxiter, progress=progress, x0=x0, inner=sweeps, fallback=low, res0=res0, recycle=recycle)
+                        maxiter=maxiter, progress=progress, x0=x0, inner=sweeps, fallback=low, res0=res0,
+                        recycle=recycle)
     del x0, res0, recycle  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
     # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
     canonical = structure == "nonsingular" or (start != "warm (plain start)" and dtype != torch.bfloat16 and (
