@@ -503,9 +503,24 @@ def test_auto_dtype_picks_bfloat16_where_it_is_fast_and_says_what_the_answer_is(
         assert p.solver_info["dtype_reason"].startswith("auto: ")
         default = fit_mixture(net, mix, 2, method="cg", device="cpu")  # the library default is "auto"
         assert default.solver_info["dtype_requested"] == "auto" and default.solver_info["dtype"] == want
+
+
+def test_fast_bfloat16_is_read_from_the_instruction_sets_on_x86_and_timed_elsewhere(monkeypatch):
+    import torch
+
     from mlpinterp.utils import hardware
 
-    assert isinstance(hardware._FAST_BF16, dict)
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    for avx, amx, want in [(True, False, True), (False, True, True), (False, False, False)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda avx=avx: avx, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        monkeypatch.setattr(hardware, "_FAST_BF16", {})
+        assert hardware.bfloat16_instructions() is want and hardware.cpu_has_fast_bfloat16() is want
+        assert hardware._FAST_BF16 == {}  # decided without timing: the same answer at any load
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "aarch64")
+    assert hardware.bfloat16_instructions() is None
+    fast = hardware.cpu_has_fast_bfloat16()
+    assert hardware._FAST_BF16 == {torch.get_num_threads(): fast}  # timed once per thread count
 
 
 @pytest.mark.parametrize("seed", [13, 19, 26, 41, 46, 50, 53])
