@@ -6,6 +6,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= runs/digits
+# where pip's index serves torch's CUDA build (plain PyPI on Linux), e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: demo test test-fast install install-test lint clean
 
@@ -13,7 +15,7 @@ OUT ?= runs/digits
 $(VENV)/.installed-demo: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e .
 	@touch $@
 

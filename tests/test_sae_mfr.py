@@ -233,6 +233,10 @@ def test_a_run_ending_worse_than_the_mean_warns_and_a_healthy_one_does_not():
         bad.fit(_data().stream(64), 30, quiet=True)
     with pytest.warns(RuntimeWarning, match="SAE 0"):
         assert bad.warn_if_worse_than_mean(next(iter(_data().stream(64))))[0] >= 1.0
+    adam = MfrTrainer(12, _tiny_cfg(optimizer="adam", lr=50.0, n_saes=1, penalty=False))
+    with pytest.warns(RuntimeWarning, match=r"optimizer adam.*lower MfrConfig.lr, or train longer$") as rec:
+        adam.fit(_data().stream(64), 30, quiet=True)
+    assert all("optimizer='adam'" not in str(w.message) for w in rec)  # no advice to switch to what already runs
     good = MfrTrainer(12, _tiny_cfg(n_saes=1, penalty=False))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

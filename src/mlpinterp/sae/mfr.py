@@ -587,10 +587,15 @@ class MfrTrainer:
             cfg = self.cfg
             warnings.warn(f"SAE training ended worse than the mean: FVU {', '.join(f'{v:.3g} (SAE {i})' for i, v in bad)}"
                           f" on the last batch (optimizer {cfg.optimizer}, lr {self.lr:.3g}, d_sae {cfg.sae.d_sae}, "
-                          f"batch {x.shape[0]}); lower MfrConfig.lr or use optimizer='adam' (the sign optimiser's "
-                          "lr rule was measured at batch 4096, d_sae 3072); on the command line, a larger --batch-size",
-                          RuntimeWarning, stacklevel=2)
+                          f"batch {x.shape[0]}); {self._worse_than_mean_fix()}", RuntimeWarning, stacklevel=2)
         return fvus
+
+    def _worse_than_mean_fix(self) -> str:
+        """The fix :meth:`warn_if_worse_than_mean` names, for this trainer's optimiser."""
+        if self.cfg.optimizer == "adam":
+            return "lower MfrConfig.lr, or train longer"
+        return ("lower MfrConfig.lr or use optimizer='adam' (the sign optimiser's lr rule was measured at batch 4096, "
+                "d_sae 3072); on the command line, a larger --batch-size")
 
     def save_checkpoint(self, directory: str | os.PathLike) -> Path:
         """Write every owned SAE (``sae_{i}/``, sparsify layout) and the trainer state, atomically; raises
