@@ -259,6 +259,8 @@ def _check_smoke_report(out, output: str) -> None:
         assert base64.b64decode(data) == (out / "figures" / fname).read_bytes()
     md = (out / "report.md").read_text()
     assert "**Smoke run**" in md and "reproduced" not in md.replace("not a reproduction", "")
+    # the smoke notice comes before the paper is named, and the run is not introduced as a reproduction
+    assert md.index("**Smoke run**") < md.index("Rigg & Belrose") and "Reproduction of" not in md
     # the CLI's tables are not cut at 80 columns when stdout is not a terminal: a long claim stays on one line
     assert "The quadratic approximant explains > 95% of output variance at the end of training" in output
 

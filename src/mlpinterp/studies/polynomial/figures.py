@@ -16,14 +16,17 @@ STYLE = {
     "quadratic_mixture": dict(color="tab:orange", ls="-", label="quadratic (mixture, exact)"),
     "linear_gaussian": dict(color="tab:blue", ls="--", label="linear (one Gaussian)"),
     "quadratic_gaussian": dict(color="tab:orange", ls="--", label="quadratic (one Gaussian)"),
-    "network": dict(color="black", ls="-", label="network"),
+    "network": dict(color="black", ls="-", label="network", lw=2.0, zorder=4),
 }
+"""Line style per curve; the network's own curve is drawn last and thicker, so approximants that match it do not hide
+it."""
 
 
 def _band(ax, x, d, style, *, clip_low=None):
     # None -> nan: no point where a metric was not computed, no band where there is no spread (one seed)
     m, s = np.array(d["mean"], dtype=float), np.array(d["std"], dtype=float)
-    ax.plot(x, m, color=style["color"], ls=style["ls"], label=style["label"], marker="o", ms=2.5)
+    ax.plot(x, m, color=style["color"], ls=style["ls"], label=style["label"], marker="o", ms=2.5,
+            lw=style.get("lw", 1.5), zorder=style.get("zorder", 2))
     lo = m - s if clip_low is None else np.maximum(m - s, clip_low)
     ax.fill_between(x, lo, m + s, color=style["color"], alpha=0.15, lw=0)
 
@@ -48,7 +51,7 @@ def _curve_figure(res, metric_pairs, ylabel, path, *, logy=True):
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # off the data
     fig.suptitle(f"{res['dataset']['name']}: {_spread_title(res)}")
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
