@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,7 +172,7 @@ def test_full_report_states_findings_and_no_smoke_warning():
                                                "random": {"mmcs": 0.3, "mmcs_se": 0.01}}}}}]
     table, lines = truth_table(per)
     # one seed: the MMCS with its s.e. over the true features
-    assert "quadratic eigen-features recover 9.0 of 10 true features" in lines[0] and "| 0.950 ± 0.020 |" in table
+    assert "quadratic eigen-features recover 9 of 10 true features" in lines[0] and "| 0.950 ± 0.020 |" in table
     _, verdicts = pairwise_table(per)
     assert verdicts == {"above": ["quadratic → sae (0.900 vs 0.300)"], "below": [],
                         "within": ["sae → quadratic (0.305 vs 0.300)"]}
@@ -267,3 +268,123 @@ def test_recovery_summary_names_who_recovers_what_and_the_disagreements():
                         "n = 2 seeds): SAE decoder directions (4.0).")
     assert lines[1] == "Do not: SPD read directions V_c (2.5)."
     assert lines[2].endswith("spd not sae 0.0, sae not spd 1.5.")
+
+
+def _fake_results(n_seeds: int) -> dict:
+    """A toy run's results.json with every field the report reads; counts differ across seeds when n_seeds > 1."""
+    methods = ("quadratic", "linear", "spd", "sae")
+
+    def seed(i):
+        truth = {m: {"count": 18 + i % 2, "distinct": 17, "recovered": 18 - (i == 2), "mmcs": 0.8 + 0.01 * i,
+                     "mmcs_se": 0.02, "max_cos": [0.95] * 20,
+                     "random": {"mmcs": 0.3, "mmcs_se": 0.01, "recovered": 0.0}} for m in methods}
+        pair = {a: {b: {"mmcs": 0.5, "mmcs_se": 0.01, "count_a": 18, "count_b": 18,
+                        "random": {"mmcs": 0.3, "mmcs_se": 0.01}} for b in methods if b != a} for a in methods}
+        return {"seed": i, "truth": truth, "pairwise": pair, "support_dim": 20,
+                "share_on_support": {m: {"mean": 1.0} for m in methods},
+                "block": {"input": "the residual stream", "d_in": 20, "d_hidden": 10, "d_out": 20},
+                "function": {"fvu": 0.071, "chosen": "data", "candidates": {"gaussian": {"fvu": 0.5},
+                                                                             "data": {"fvu": 0.071}}},
+                "parameter": {"fvu": 0.034 + 0.001 * i, "ci_l0": {"mlp_in": 1.0}, "alive": {"mlp_in": 98},
+                              "C": 100, "steps": 10, "batch_size": 8},
+                "activation": {"fvu": 0.05, "l0": 1.5, "d_sae": 40, "k": 3, "fvu_input": 0.04, "alive": 38}}
+
+    return {"setting": "resid-mlp-1", "preset": "full", "seeds": n_seeds, "per_seed": [seed(i) for i in range(n_seeds)],
+            "seconds": 1.0, "cpu_seconds": 1.0, "threads": 1, "load_average": [0.1, 0.1, 0.1], "context": None}
+
+
+def test_counts_are_integers_for_one_seed_and_mean_se_for_several():
+    from mlpinterp.studies.three_spaces.report import count_cell, count_mean
+
+    assert count_cell([18]) == "18" and count_cell([98.0]) == "98" and count_mean([18.0]) == "18"
+    # 17, 18, 18: mean 17.67, sample std sqrt(1/3) = 0.577, s.e. 0.577 / sqrt(3) = 0.333
+    assert count_cell([17, 18, 18]) == "17.7 ± 0.3" and count_mean([17, 18, 18]) == "17.7"
+
+
+def test_report_wording_states_n_and_the_spread_for_one_and_three_seeds(tmp_path):
+    from mlpinterp.studies.three_spaces.report import write
+
+    write(tmp_path / "one", _fake_results(1))
+    md = (tmp_path / "one" / "report.md").read_text()
+    flat = " ".join(md.split())
+    assert "n = 1 seed (seed 0, full preset), so there is no spread across seeds" in flat
+    assert "The ± beside an MMCS is its standard error over the reference set's directions" in flat
+    assert "where a count is shown" not in flat and "values are mean ± s.e. over seeds" not in flat
+    # counts print as integers, never "18.0"; the MMCS keeps its s.e. over the true features
+    assert "| quadratic eigen-features | 18 | 0.800 ± 0.020 |" in md and "| 18 | 0.00 | 17 |" in md
+    assert "MMCS to truth (± s.e. over the true features)" in md
+    assert "recover 18 of 20 true features" in md and "18.0" not in md and "98.0" not in md
+    assert "alive mlp_in: 98" in md and "alive 38" in md
+
+    write(tmp_path / "three", _fake_results(3))
+    md = (tmp_path / "three" / "report.md").read_text()
+    flat = " ".join(md.split())
+    assert ("n = 3 seeds (full preset). A value written m ± s is the mean over the 3 seeds ± its standard error "
+            "(s.e. = sample standard deviation over seeds / √3)") in flat
+    assert "no spread across seeds" not in flat and "MMCS to truth (± s.e. over seeds)" in md
+    # counts 18, 19, 18 -> 18.3 ± 0.3; recovered 18, 18, 17 -> 17.7 ± 0.3 (hand: s.e. = sqrt(1/3) / sqrt(3))
+    assert "| quadratic eigen-features | 18.3 ± 0.3 | 0.810 ± 0.006 |" in md and "| 17.7 ± 0.3 |" in md
+    assert "recover 17.7 of 20" in md
+
+
+def test_seeds_and_quick_help_name_the_spread_and_a_measured_budget():
+    from mlpinterp.cli.three_spaces import ThreeSpacesCommand
+    from mlpinterp.utils.config_docs import field_docs
+
+    docs = field_docs(ThreeSpacesCommand)
+    assert "mean ± s.e." in docs["seeds"] and "std" not in docs["seeds"]
+    assert "quiet 2-core CPU" in docs["quick"] and "at most" not in docs["quick"]
+
+
+def _drawn(monkeypatch, plot, per, *args):
+    """Draw ``plot`` and return its Axes (the figure is kept open instead of saved)."""
+    from mlpinterp.studies.three_spaces import figures as figs
+
+    kept = []
+    monkeypatch.setattr(figs, "_save", lambda fig, path: kept.append(fig) or path.name)
+    plot(per, Path("not_written.png"), *args)
+    fig = kept[0]
+    fig.canvas.draw()
+    return fig.axes[0]
+
+
+def test_one_seed_figures_draw_no_error_bars_across_seeds(monkeypatch):
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from mlpinterp.studies.three_spaces import figures as figs
+
+    for n in (1, 3):
+        per = _fake_results(n)["per_seed"]
+        for plot, args in ((figs.plot_truth_mmcs, ()), (figs.plot_recovered, (20,)), (figs.plot_pairwise_mmcs, ())):
+            ax = _drawn(monkeypatch, plot, per, *args)
+            bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+            errs = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+            title = ax.get_title()
+            assert len(bars) == 2
+            if n == 1:
+                assert errs == [] and all(b.errorbar is None for b in bars), plot.__name__
+                assert "seed 0 only, n = 1: no spread across seeds" in title and "±" not in title
+            else:
+                assert len(errs) == 2 and "mean ± s.e. over n = 3 seeds" in title
+            # the legend sits right of the axes, over no bar
+            leg = ax.get_legend()
+            assert leg.get_window_extent().x0 >= ax.get_window_extent().x1
+        ax = _drawn(monkeypatch, figs.plot_heatmap, per)
+        assert ("seed 0 only, n = 1" if n == 1 else "mean over n = 3 seeds") in ax.get_title()
+
+
+def test_faithfulness_figure_is_dots_on_a_log_axis_with_the_values_written(monkeypatch):
+    from matplotlib.container import ErrorbarContainer
+
+    from mlpinterp.studies.three_spaces import figures as figs
+
+    ax = _drawn(monkeypatch, figs.plot_faithfulness, _fake_results(1)["per_seed"])
+    assert ax.get_yscale() == "log" and len(ax.patches) == 0 and ax.get_legend() is None  # no bars, nothing covering
+    assert not any(isinstance(c, ErrorbarContainer) for c in ax.containers)
+    assert sorted(t.get_text() for t in ax.texts) == ["0.034", "0.05", "0.071"]
+    lo, hi = ax.get_ylim()
+    assert lo < 0.034 and hi > 0.071 and "n = 1" in ax.get_title()
+    ax = _drawn(monkeypatch, figs.plot_faithfulness, _fake_results(3)["per_seed"])
+    # SPD FVU 0.034, 0.035, 0.036: mean 0.035, sample std 0.001, s.e. 0.001 / sqrt(3) = 0.00058
+    assert "0.035 ± 0.00058" in [t.get_text() for t in ax.texts]
+    assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 1 and len(ax.patches) == 0

@@ -20,59 +20,77 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def _ms(values) -> tuple[float, float]:
+def _ms(values) -> tuple[float, float | None]:
+    """Mean over seeds and its s.e.; the s.e. is ``None`` for one seed (no spread across seeds: no error bar)."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
     if v.size == 0:
-        return float("nan"), 0.0
-    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0
+        return float("nan"), None
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+
+
+def _yerr(stats: list[tuple[float, float | None]]) -> list[float] | None:
+    """Error-bar half-heights (s.e. over seeds), or ``None`` (no bars) when any bar rests on one seed."""
+    return None if any(s is None for _, s in stats) else [s for _, s in stats]
+
+
+def spread_note(per_seed: list[dict]) -> str:
+    """What a figure's values are: ``"mean ± s.e. over n = 3 seeds"``, or ``"seed 0 only, n = 1: no spread
+    across seeds"``."""
+    n = len(per_seed)
+    return f"mean ± s.e. over n = {n} seeds" if n > 1 else \
+        f"seed {per_seed[0].get('seed', 0)} only, n = 1: no spread across seeds"
+
+
+def _legend_outside(ax) -> None:
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _bars(ax, names, ours, rand, ylabel, title, ours_label, rand_label):
     x = np.arange(len(names))
-    ax.bar(x - 0.2, [m for m, _ in ours], 0.4, yerr=[s for _, s in ours], capsize=3, label=ours_label,
-           color="tab:blue")
-    ax.bar(x + 0.2, [m for m, _ in rand], 0.4, yerr=[s for _, s in rand], capsize=3, label=rand_label,
+    ax.bar(x - 0.2, [m for m, _ in ours], 0.4, yerr=_yerr(ours), capsize=3, label=ours_label, color="tab:blue")
+    ax.bar(x + 0.2, [m for m, _ in rand], 0.4, yerr=_yerr(rand), capsize=3, label=rand_label,
            color="lightgray", hatch="//", edgecolor="gray")
     ax.set_xticks(x, [METHOD_LABELS[n].replace(" ", "\n", 1) for n in names], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
 
 
 def plot_truth_mmcs(per_seed: list[dict], path: Path) -> str:
-    """Bars: each method's MMCS to the true directions (mean ± s.e. over seeds) and its random baseline (uniform on
-    the inputs' support)."""
+    """Bars: each method's MMCS to the true directions and its random baseline (uniform on the inputs' support);
+    mean ± s.e. over seeds, no error bars for one seed."""
     plt = _plt()
     names = [m for m in METHODS if m in per_seed[0]["truth"]]
     ours = [_ms([s["truth"][n]["mmcs"] for s in per_seed]) for n in names]
     rand = [_ms([s["truth"][n]["random"]["mmcs"] for s in per_seed]) for n in names]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     _bars(ax, names, ours, rand, "MMCS to the true directions (|cos|)",
-          f"Each method against ground truth (n = {len(per_seed)} seed{'s' * (len(per_seed) > 1)}; mean ± s.e.)",
-          "method", "random on the inputs' support, same count")
+          f"Each method against ground truth\n({spread_note(per_seed)})",
+          "method", "random on the inputs' support,\nsame count")
     ax.set_ylim(0, 1.05)
+    _legend_outside(ax)
     return _save(fig, path)
 
 
 def plot_recovered(per_seed: list[dict], path: Path, n_features: int) -> str:
-    """Bars: true features recovered at ``|cos| >= RECOVERED_COSINE`` by each method and by its random baseline."""
+    """Bars: true features recovered at ``|cos| >= RECOVERED_COSINE`` by each method and by its random baseline;
+    mean ± s.e. over seeds, no error bars for one seed."""
     plt = _plt()
     names = [m for m in METHODS if m in per_seed[0]["truth"]]
     ours = [_ms([s["truth"][n]["recovered"] for s in per_seed]) for n in names]
     rand = [_ms([s["truth"][n]["random"]["recovered"] for s in per_seed]) for n in names]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     _bars(ax, names, ours, rand, f"true features recovered (|cos| ≥ {RECOVERED_COSINE})",
-          f"Recovered features of {n_features} (n = {len(per_seed)} seed{'s' * (len(per_seed) > 1)}; mean ± s.e.)",
-          "method", "random on the inputs' support, same count")
+          f"Recovered features of {n_features}\n({spread_note(per_seed)})",
+          "method", "random on the inputs' support,\nsame count")
     ax.axhline(n_features, color="k", lw=0.8, ls="--", label="all features")
     ax.set_ylim(0, n_features * 1.1)
-    ax.legend(fontsize=8)
+    _legend_outside(ax)
     return _save(fig, path)
 
 
 def plot_pairwise_mmcs(per_seed: list[dict], path: Path) -> str:
-    """Bars: for each method, its MMCS to each other method's set beside the covariance baseline (mean over
-    seeds), one group per ordered pair."""
+    """Bars: for each method, its MMCS to each other method's set beside the covariance baseline, one group per
+    ordered pair; mean ± s.e. over seeds, no error bars for one seed."""
     plt = _plt()
     names = [m for m in METHODS if m in per_seed[0]["pairwise"]]
     pairs = [(a, b) for a in names for b in names if a != b]
@@ -80,15 +98,14 @@ def plot_pairwise_mmcs(per_seed: list[dict], path: Path) -> str:
     rand = [_ms([s["pairwise"][a][b]["random"]["mmcs"] for s in per_seed]) for a, b in pairs]
     fig, ax = plt.subplots(figsize=(9, 3.6))
     x = np.arange(len(pairs))
-    ax.bar(x - 0.2, [m for m, _ in ours], 0.4, yerr=[s for _, s in ours], capsize=2, label="method pair",
-           color="tab:blue")
-    ax.bar(x + 0.2, [m for m, _ in rand], 0.4, yerr=[s for _, s in rand], capsize=2,
-           label="random from the input covariance, same count", color="lightgray", hatch="//", edgecolor="gray")
+    ax.bar(x - 0.2, [m for m, _ in ours], 0.4, yerr=_yerr(ours), capsize=2, label="method pair", color="tab:blue")
+    ax.bar(x + 0.2, [m for m, _ in rand], 0.4, yerr=_yerr(rand), capsize=2,
+           label="random from the input\ncovariance, same count", color="lightgray", hatch="//", edgecolor="gray")
     ax.set_xticks(x, [f"{a}\n→ {b}" for a, b in pairs], fontsize=7)
     ax.set_ylabel("MMCS of the first set to the second (|cos|)")
-    ax.set_title("Each method against each other one", fontsize=10)
+    ax.set_title(f"Each method against each other one ({spread_note(per_seed)})", fontsize=10)
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
+    _legend_outside(ax)
     return _save(fig, path)
 
 
@@ -114,23 +131,42 @@ def plot_heatmap(per_seed: list[dict], path: Path) -> str:
     ax.set_yticks(range(k), names)
     ax.set_xlabel("candidate set")
     ax.set_ylabel("reference set (mean over its directions)")
-    ax.set_title("Pairwise MMCS (random baseline in brackets)", fontsize=10)
+    mean = f"mean over n = {len(per_seed)} seeds" if len(per_seed) > 1 else \
+        f"seed {per_seed[0].get('seed', 0)} only, n = 1"
+    ax.set_title(f"Pairwise MMCS, random baseline in brackets\n({mean})", fontsize=10)
     fig.colorbar(im, ax=ax, label="MMCS (|cos|)")
     return _save(fig, path)
 
 
 def plot_faithfulness(per_seed: list[dict], path: Path) -> str:
-    """Bars: held-out FVU of each method's reconstruction of the block output (log scale)."""
+    """Dots on a log axis: held-out FVU of each method's reconstruction of the block output, each value written
+    beside its dot (a log axis shows ratios, so dots, not bars whose height would depend on the axis floor); with
+    several seeds each seed's FVU as a small dot and the mean ± s.e. over seeds as the large one."""
     plt = _plt()
     rows = [("approximant", "function"), ("SPD CI-masked", "parameter"), ("SAE → block", "activation")]
     vals = [_ms([s[k]["fvu"] for s in per_seed]) for _, k in rows]
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
     x = np.arange(len(rows))
-    ax.bar(x, [max(m, 1e-12) for m, _ in vals], yerr=[s for _, s in vals], capsize=3, color="tab:green",
-           label="held-out FVU of the block output")
+    if len(per_seed) > 1:
+        for i, (_, k) in enumerate(rows):
+            v = [s[k]["fvu"] for s in per_seed]
+            ax.plot(np.full(len(v), x[i] - 0.12), v, "o", ms=3, color="gray", alpha=0.7)
+    yerr = _yerr(vals)
+    if yerr is None:
+        ax.plot(x, [m for m, _ in vals], "o", ms=7, color="tab:green")
+    else:
+        ax.errorbar(x, [m for m, _ in vals], yerr=yerr, fmt="o", ms=7, color="tab:green", capsize=4)
+    for i, (m, se) in enumerate(vals):
+        text = f"{m:.3g}" if se is None else \
+            f"{m:.3g} ± {np.format_float_positional(se, precision=2, unique=True, fractional=False)}"
+        ax.annotate(text, (x[i], m), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
     ax.set_yscale("log")
+    finite = [m for m, _ in vals if np.isfinite(m) and m > 0]
+    if finite:
+        ax.set_ylim(min(finite) / 2.5, max(finite) * 2.5)
+    ax.set_xlim(-0.5, len(rows) - 0.2)
     ax.set_xticks(x, [r for r, _ in rows])
-    ax.set_ylabel("FVU (fraction, log scale)")
-    ax.set_title("Faithfulness on held-out inputs", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("held-out FVU of the block output\n(log scale)")
+    seeds = "; gray: each seed" if len(per_seed) > 1 else ""
+    ax.set_title(f"Faithfulness on held-out inputs\n({spread_note(per_seed)}{seeds})", fontsize=10)
     return _save(fig, path)

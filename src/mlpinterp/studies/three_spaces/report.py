@@ -19,9 +19,23 @@ pooled), in quadrature."""
 
 
 def mean_se(values, fmt: str) -> str:
-    """``"m ± s.e."`` over seeds (``"m"`` for one seed; the report states n once)."""
+    """``"m ± s.e."``: the mean over seeds and its standard error (sample std / sqrt(n)); ``"m"`` for one seed, which
+    has no spread across seeds (the report states n and the statistic once)."""
     values = list(values)
     return summary(values).format(fmt, spread="se", n=len(values)).replace(f" (s.e., n = {len(values)})", "")
+
+
+def count_cell(values) -> str:
+    """A count (directions, features, alive latents) over seeds: the integer itself for one seed (``"18"``), the
+    mean ± s.e. with one decimal for several (``"17.7 ± 0.3"``)."""
+    values = list(values)
+    return f"{round(values[0]):d}" if len(values) == 1 else mean_se(values, ".1f")
+
+
+def count_mean(values) -> str:
+    """The mean of a count over seeds for a sentence: the integer for one seed, one decimal for several."""
+    values = list(values)
+    return f"{round(values[0]):d}" if len(values) == 1 else f"{float(np.mean(values)):.1f}"
 
 
 def mmcs_mean_se(entries: list[dict]) -> tuple[float, float]:
@@ -52,16 +66,18 @@ def truth_table(per: list[dict]) -> tuple[str, list[str]]:
     rows, lines = [], []
     for m in names:
         t = [s["truth"][m] for s in per]
-        rows.append([METHOD_LABELS[m], mean_se([x["count"] for x in t], ".0f"), _mmcs_cell(t),
-                     mean_se([x["random"]["mmcs"] for x in t], ".3f"), mean_se([x["recovered"] for x in t], ".1f"),
-                     mean_se([x["random"]["recovered"] for x in t], ".2f"), mean_se([x["distinct"] for x in t], ".1f")])
-        rec = float(np.mean([x["recovered"] for x in t]))
+        rows.append([METHOD_LABELS[m], count_cell([x["count"] for x in t]), _mmcs_cell(t),
+                     mean_se([x["random"]["mmcs"] for x in t], ".3f"), count_cell([x["recovered"] for x in t]),
+                     mean_se([x["random"]["recovered"] for x in t], ".2f"), count_cell([x["distinct"] for x in t])])
+        rec = count_mean([x["recovered"] for x in t])
         rnd = float(np.mean([x["random"]["recovered"] for x in t]))
-        lines.append(f"{METHOD_LABELS[m]} recover {rec:.1f} of {n_feat} true features at |cos| ≥ {RECOVERED_COSINE} "
+        lines.append(f"{METHOD_LABELS[m]} recover {rec} of {n_feat} true features at |cos| ≥ {RECOVERED_COSINE} "
                      f"(random sets of the same size: {rnd:.2f}); MMCS {np.mean([x['mmcs'] for x in t]):.3f} against "
                      f"{np.mean([x['random']['mmcs'] for x in t]):.3f} at random.")
-    head = ["method", "directions", "MMCS to truth (± s.e.)", "random MMCS (uniform on the support, same count)",
-            f"features recovered (|cos| ≥ {RECOVERED_COSINE}, of {n_feat})", "random recovered",
+    spread = "s.e. over seeds" if len(per) > 1 else "s.e. over the true features"
+    head = ["method", "directions", f"MMCS to truth (± {spread})",
+            "random MMCS (uniform on the support, same count; mean over draws)",
+            f"features recovered (|cos| ≥ {RECOVERED_COSINE}, of {n_feat})", "random recovered (mean over draws)",
             "distinct directions recovering"]
     return md_table(head, rows), lines
 
@@ -75,7 +91,7 @@ def spd_per_feature_line(per: list[dict]) -> str | None:
     n = f[0]["n_features"]
     one = [x["features_with_one_subcomponent"] for x in f]
     return (f"SPD's {f[0]['site']} (the SPD paper's criterion, one-hot inputs 0.75 e_i): "
-            f"{mean_se(one, '.1f')} of {n} features have exactly one causally important subcomponent "
+            f"{count_cell(one)} of {n} features have exactly one causally important subcomponent "
             f"(per seed: {', '.join(str(v) for v in one)}; {sum(v == n for v in one)} of {len(one)} seeds all {n}); "
             f"distinct owners {', '.join(str(x['distinct_owners']) for x in f)}; identity-pattern errors "
             f"{', '.join(str(x['identity_ci_error']) for x in f)}.")
@@ -87,8 +103,9 @@ def recovery_summary(per: list[dict], share: float = 0.9) -> list[str]:
     names = [m for m in METHODS if m in per[0]["truth"]]
     n_feat = len(per[0]["truth"][names[0]]["max_cos"])
     rec = {m: float(np.mean([s["truth"][m]["recovered"] for s in per])) for m in names}
-    yes = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] >= share * n_feat]
-    no = [f"{METHOD_LABELS[m]} ({rec[m]:.1f})" for m in names if rec[m] < share * n_feat]
+    shown = {m: count_mean([s["truth"][m]["recovered"] for s in per]) for m in names}
+    yes = [f"{METHOD_LABELS[m]} ({shown[m]})" for m in names if rec[m] >= share * n_feat]
+    no = [f"{METHOD_LABELS[m]} ({shown[m]})" for m in names if rec[m] < share * n_feat]
     where = f"at least {share:.0%} of the {n_feat} true features at |cos| ≥ {RECOVERED_COSINE}, mean over " \
             f"n = {len(per)} seed{'s' if len(per) > 1 else ''}"
     out = [f"Recover the planted features ({where}): {', '.join(yes)}." if yes else
@@ -99,10 +116,10 @@ def recovery_summary(per: list[dict], share: float = 0.9) -> list[str]:
     diffs = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            ab = float(np.mean([(x & ~y).sum() for x, y in zip(hits[a], hits[b], strict=True)]))
-            ba = float(np.mean([(y & ~x).sum() for x, y in zip(hits[a], hits[b], strict=True)]))
-            if ab or ba:
-                diffs.append(f"{a} not {b} {ab:.1f}, {b} not {a} {ba:.1f}")
+            ab = [int((x & ~y).sum()) for x, y in zip(hits[a], hits[b], strict=True)]
+            ba = [int((y & ~x).sum()) for x, y in zip(hits[a], hits[b], strict=True)]
+            if any(ab) or any(ba):
+                diffs.append(f"{a} not {b} {count_mean(ab)}, {b} not {a} {count_mean(ba)}")
     if diffs:
         out.append(f"Where they disagree on the truth (features recovered by one method and not the other, mean over "
                    f"seeds): {'; '.join(diffs)}.")
@@ -141,7 +158,7 @@ def faithfulness_table(per: list[dict]) -> str:
     p = [s["parameter"] for s in per]
     a = [s["activation"] for s in per]
     ci = ", ".join(f"{site}: {mean_se([s['parameter']['ci_l0'][site] for s in per], '.2f')}" for site in p[0]["ci_l0"])
-    alive = ", ".join(f"{site}: {mean_se([s['parameter']['alive'][site] for s in per], '.0f')}"
+    alive = ", ".join(f"{site}: {count_cell([s['parameter']['alive'][site] for s in per])}"
                       for site in p[0]["alive"])
     rows = [[f"approximant (degree 2, {f[0]['chosen']})", mean_se([x["fvu"] for x in f], ".3g"), DASH,
              f"candidates' held-out FVU: gaussian {mean_se([x['candidates']['gaussian']['fvu'] for x in f], '.3g')}, "
@@ -151,7 +168,7 @@ def faithfulness_table(per: list[dict]) -> str:
             ["SAE reconstruction fed to the block", mean_se([x["fvu"] for x in a], ".3g"),
              f"L0 {mean_se([x['l0'] for x in a], '.2f')}",
              f"d_sae {a[0]['d_sae']}, k {a[0]['k']}; input FVU {mean_se([x['fvu_input'] for x in a], '.3g')}; "
-             f"alive {mean_se([x['alive'] for x in a], '.0f')}"]]
+             f"alive {count_cell([x['alive'] for x in a])}"]]
     return md_table(["method", "held-out FVU of the block output", "sparsity", "notes"], rows)
 
 
@@ -195,6 +212,7 @@ def write(out: Path, results: dict) -> list[str]:
     shares = {m: float(np.mean([s["share_on_support"][m]["mean"] for s in per])) for m in per[0].get(
         "share_on_support", {})}
     ctx = {"r": results, "quick": results["preset"] == "quick", "toy": toy, "n": len(per),
+           "seed": per[0].get("seed", 0),
            "truth_table": truth, "truth_lines": truth_lines, "pairwise_table": pair, "spd_line": spd_line,
            "recovery": recovery_summary(per) if toy else [], "support_dim": support[0],
            "shares": ", ".join(f"{METHOD_LABELS[m]} {v:.2f}" for m, v in shares.items()), "verdicts": verdicts, "faithfulness_table": faithfulness_table(per),
