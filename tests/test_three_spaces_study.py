@@ -334,6 +334,7 @@ def test_seeds_and_quick_help_name_the_spread_and_a_measured_budget():
     docs = field_docs(ThreeSpacesCommand)
     assert "mean ± s.e." in docs["seeds"] and "std" not in docs["seeds"]
     assert "quiet 2-core CPU" in docs["quick"] and "at most" not in docs["quick"]
+    assert "docs/measurements.md" in docs["quick"]  # the measured times live in the log, not in the help
 
 
 def _drawn(monkeypatch, plot, per, *args):

@@ -30,8 +30,8 @@ class ThreeSpacesCommand(CommandConfig, Out, Seeds, Quick, Quiet, Threads):
     """Number of seeds (0..N-1), each a full run; the report and figures give the mean ± s.e. (standard error)
     over them, and no spread across seeds for one."""
     quick: bool = False
-    """Reduced preset (fewer steps, smaller data): a pipeline check, never a reproduction; resid-mlp-1 took about
-    2.5 minutes on a quiet 2-core CPU and about 4 on a loaded one."""
+    """Reduced preset (fewer steps, smaller data): a pipeline check, never a reproduction, sized for a few minutes
+    on a quiet 2-core CPU (resid-mlp-1 the longest; measured times in docs/measurements.md, "Three spaces")."""
     layer: int | None = option(None, check=Int(0), show_default="3 for minilm, 1 for lm")
     """minilm / lm: the FFN block (0-based)."""
     model: Path | None = option(None, metavar="DIR")
