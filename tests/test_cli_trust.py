@@ -90,6 +90,31 @@ def test_sae_training_stops_on_a_non_finite_loss_before_stepping(optimizer):
         trainer.save_checkpoint(Path("/nonexistent/never-written"))
 
 
+@pytest.mark.parametrize("argv", [
+    ["reproduce", "polynomial", "--quick", "--dataset", "mnist"],
+    ["reproduce", "polynomial", "--quick"],  # --data with the bundled digits: refused after the directory opened
+    ["reproduce", "mfr", "--setting", "minilm", "--quick"],
+    ["reproduce", "three-spaces", "--setting", "minilm", "--quick"],
+    ["reproduce", "transformer", "--model", "minilm", "--quick"],
+    ["train", "--dataset", "mnist"],
+    ["train-lm"],
+    ["sae", "train", "--model", "minilm"],
+], ids=lambda a: " ".join(a[:3]))
+def test_cli_failed_run_leaves_nothing_on_a_missing_data_path(tmp_path, argv):
+    """A run that fails on its input before producing anything removes the fresh --out it created (before, the
+    record and config.json it left refused the corrected command as another run), and leaves an existing
+    directory as it found it, but for the lock file."""
+    out = tmp_path / "new"
+    _fails(runner.invoke(app, [*argv, "--quiet", "--data", str(tmp_path / "nonexistent"), "--out", str(out)]))
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    _fails(runner.invoke(app, [*argv, "--quiet", "--data", str(tmp_path / "nonexistent"), "--out", str(mine)]))
+    assert {p.name for p in mine.iterdir()} <= {"notes.txt", ".mlpinterp.lock"}
+    assert (mine / "notes.txt").read_text() == "kept"
+
+
 # ------------------------------------------------------------------------------------------------- disk full
 
 

@@ -139,6 +139,36 @@ def test_refused_openings_and_failed_first_sessions_leave_no_record(tmp_path):
             pass
 
 
+def test_a_failed_first_session_removes_the_fresh_directory_it_created_and_nothing_else(tmp_path):
+    from mlpinterp.utils.rundir import write_output
+
+    out = tmp_path / "fresh"
+    with pytest.raises(FileNotFoundError):  # the configuration written, then the data missing: nothing produced
+        with open_run(out, "train", {"lr": 0.005}, check=lambda p: (p / "setup.json").write_text("{}")) as rd:
+            write_output(rd.path / "config.json", {"lr": 0.005})
+            (rd.path / "seed0" / "eval").mkdir(parents=True)
+            raise FileNotFoundError("no data")
+    assert not out.exists()
+    with open_run(out, "train", {"lr": 0.01}) as rd:  # the corrected command with another setting runs
+        assert rd.sessions == 1
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    with pytest.raises(FileNotFoundError):
+        with open_run(existing, "train", {"lr": 0.005}) as rd:
+            write_output(rd.path / "config.json", {"lr": 0.005})
+            raise FileNotFoundError("no data")
+    assert {p.name for p in existing.iterdir()} == {"notes.txt", ".mlpinterp.lock"}
+    worked = tmp_path / "worked"
+    with pytest.raises(RuntimeError):  # a checkpoint written: the failed session's work is kept for the resume
+        with open_run(worked, "train", {"lr": 0.005}) as rd:
+            write_output(rd.path / "config.json", {"lr": 0.005})
+            (rd.path / "step_0000016.safetensors").write_bytes(b"x")
+            raise RuntimeError("killed")
+    assert (worked / "step_0000016.safetensors").exists() and (worked / "config.json").exists()
+    assert read_run(worked)["sessions"][-1]["status"] == "failed"
+
+
 # ------------------------------------------------------------------------- every study compares its configuration
 
 

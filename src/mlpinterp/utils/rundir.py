@@ -260,8 +260,12 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
     ``resumable`` may differ; ``implicit`` as in :func:`~mlpinterp.utils.config_diff.config_diff`), calls
     ``check(path)`` (a study's own check of files written before ``run.json`` existed; it raises to refuse), then
     stores the configuration and yields a :class:`RunDir`. A refused opening writes nothing but the lock files; so
-    does a first session that the study refuses with :class:`RunConflictError` (files of another run already there)
-    or that fails before writing any file (bad input: the corrected command must not find a record to conflict with). On leaving, the session's wall time is added to ``run.json`` and the lock released.
+    does a first session that the study refuses with :class:`RunConflictError` (files of another run already there).
+    A first session that fails before producing anything (no file but the record, files written by ``check`` and
+    verified JSON outputs such as the configuration, :func:`write_output`) leaves no trace that would block the
+    corrected command: the files it wrote are removed, and so is ``out`` itself when this call created it (a
+    directory that existed before, or holds a run, is never removed). On leaving, the session's wall time is added to
+    ``run.json`` and the lock released.
 
     Raises
     ------
@@ -274,7 +278,9 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
     """
     path = check_out_dir(out, option)
     config = json.loads(json.dumps(dict(config), default=str))  # tuples -> lists, paths -> str: as stored
+    fresh = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
+    remove_dir = False
     lock = FileLock(path / LOCK_FILE, timeout=0)
     try:
         lock.acquire(blocking=False)
@@ -286,6 +292,7 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
         atomic_write_json(path / HOLDER_FILE, {"pid": os.getpid(), "argv": argv, "started": started})
         rec = _read_record(path)
         new = rec is None
+        before = _files(path) if new else set()
         if new:
             rec = {"format": FORMAT, "command": command, "config": config, "sessions": [], "derived": {},
                    "outputs": {}}
@@ -304,18 +311,24 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
             check(path)
         rd = RunDir(path, rec, started)
         rd._save()  # at once: a run killed in its first session is still recognised
+        setup = _files(path) - before if new else set()  # the record, the lock files, what ``check`` wrote
         _OPEN[path.resolve()] = rd
         status = "failed"
         try:
             yield rd
             status = "finished"
         except BaseException as e:
-            ours = (RUN_FILE, LOCK_FILE, HOLDER_FILE)
-            if new and (isinstance(e, RunConflictError) or all(p.name in ours for p in path.iterdir())):
-                # refused by the study's own check of older files, or before writing anything (bad input): leave
-                # no record that would block the corrected command
-                (path / RUN_FILE).unlink(missing_ok=True)
-                rd._closed = True
+            if new:
+                made = _files(path) - before - setup
+                nothing_made = made <= set(rd._record.get("outputs") or {})  # only verified JSON: nothing computed
+                if nothing_made or isinstance(e, RunConflictError):
+                    # failed before producing anything (bad input), or refused by the study's own check of older
+                    # files: leave nothing that would block the corrected command
+                    written = (made | setup) - {LOCK_FILE, HOLDER_FILE} if nothing_made else {RUN_FILE}
+                    for rel in written:
+                        (path / rel).unlink(missing_ok=True)
+                    rd._closed = True
+                    remove_dir = fresh and nothing_made
             raise
         finally:
             if not rd._closed:
@@ -324,8 +337,29 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
         _OPEN.pop(path.resolve(), None)
         try:
             (path / HOLDER_FILE).unlink(missing_ok=True)
+            if remove_dir:  # still locked: no other process can have started writing into it
+                (path / LOCK_FILE).unlink(missing_ok=True)
+                _remove_empty_tree(path)
         finally:
             lock.release()
+
+
+def _files(path: Path) -> set[str]:
+    """The files under ``path`` (recursively), as POSIX paths relative to it."""
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if not p.is_dir()}
+
+
+def _remove_empty_tree(path: Path) -> None:
+    """Remove ``path`` and the empty directories under it; a directory holding a file stays (nothing is raised)."""
+    for d in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    try:
+        path.rmdir()
+    except OSError:
+        pass
 
 
 def _owner(path: Path) -> tuple[Path | None, dict | None, RunDir | None]:
