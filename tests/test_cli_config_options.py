@@ -307,3 +307,63 @@ def test_choices_are_the_studies_own_lists():
     assert choices(polynomial.TrainCommand, "arch") == choices(PolynomialReproConfig, "arch") == ARCHS
     assert choices(polynomial.TrainCommand, "activation") == choices(PolynomialReproConfig, "activation") == \
         ACTIVATION_NAMES
+
+
+# ------------------------------------------------------------------------ library names -> the flags on the CLI
+
+
+def test_in_flags_spells_the_field_names_a_message_is_about_as_flags():
+    from mlpinterp.cli.errors import in_flags
+
+    flags = {"seeds": "--seeds", "text": "--text", "out": "--out", "text_dir": "--data", "dataset": "--dataset",
+             "lr": "--lr"}
+    assert in_flags("seeds must be >= 1, got 0", flags) == ("--seeds must be >= 1, got 0", ["--seeds"])
+    assert in_flags("text_dir applies to minilm", flags) == ("--data applies to minilm", ["--data"])
+    assert in_flags("option 'seeds' and `lr` clash", flags)[0] == "option --seeds and --lr clash"
+    assert in_flags("text is not used with dataset='digits'", flags)[0] == "--text is not used with --dataset 'digits'"
+    assert in_flags("pass its settings (lr=0.01, seeds=3)", flags)[0] == "pass its settings (--lr 0.01, --seeds 3)"
+    assert in_flags("lr=9 is too large; use lr <= 1", flags)[0] == "--lr 9 is too large; use --lr <= 1"
+    assert in_flags("seeds 9 exceed the 4 models", flags)[0] == "--seeds 9 exceed the 4 models"
+    # another word, a longer name, a word in prose, part of a name, listed values: left alone
+    for same in ("text files not found: ['a']", "out_dir 'x' holds run.json", "seedsless must be", "the seeds are 3",
+                 "a-lr=3", "one of ('text', 'seeds'), got ['lr']"):
+        assert in_flags(same, flags) == (same, []), same
+    assert in_flags("seeds must be >= 1", {}) == ("seeds must be >= 1", [])
+
+
+@pytest.mark.parametrize("argv, error, fix", [
+    (["reproduce", "polynomial", "--quick", "--seeds", "0"], "Error: --seeds must be >= 1, got 0",
+     "Fix: change or drop --seeds (see `mlpinterp reproduce polynomial --help`)"),
+    (["reproduce", "polynomial", "--quick", "--steps", "3"], "Error: --steps must be >= 16", "drop --steps"),
+    (["reproduce", "polynomial", "--quick", "--data", "X"],
+     "Error: --data is not used with --dataset 'digits' (bundled with scikit-learn), got 'X'",
+     "Fix: leave --data unset, or choose --dataset 'mnist' or 'fashion-mnist'"),
+    (["train", "--data", "X"], "Error: --data is not used with --dataset 'digits'", "Fix: leave --data unset"),
+    (["train", "--lr", "-1"], "Error: --lr must be", "Fix: change or drop --lr (see `mlpinterp train --help`)"),
+    (["reproduce", "three-spaces", "--setting", "tms-5-2", "--layer", "2"], "Error: --layer applies to the "
+     "transformer settings", "Fix: change or drop --layer (see `mlpinterp reproduce three-spaces --help`)"),
+    (["reproduce", "three-spaces", "--setting", "minilm", "--seeds", "0"], "Error: --seeds must be >= 1", "--help"),
+], ids=lambda a: " ".join(a[:3]) if isinstance(a, list) else None)
+def test_cli_errors_name_the_flag_the_user_typed(tmp_path, argv, error, fix):
+    """A value the library refuses naming its Python argument (``seeds``, ``data_path``, ``layer``) is reported
+    with the option the user typed (``--seeds``, ``--data``, ``--layer``), and its Fix names it and ``--help``."""
+    from mlpinterp.cli.main import app
+
+    out = tmp_path / "run"
+    res = runner.invoke(app, [*argv, "--quiet", "--out", str(out)])
+    text = cli_utils.flat(res.output)
+    assert res.exit_code == 1 and "Traceback" not in res.output, text
+    assert error in text and fix in text, text
+    assert not out.exists()
+
+
+def test_the_python_api_keeps_naming_its_arguments():
+    from mlpinterp.data import load_dataset
+    from mlpinterp.studies.polynomial.settings import PolynomialReproConfig
+
+    with pytest.raises(ValueError, match="^seeds must be >= 1"):
+        PolynomialReproConfig(seeds=0)
+    with pytest.raises(ValueError, match="^data_path is not used with dataset='digits'"):
+        PolynomialReproConfig(data_path="X")
+    with pytest.raises(ValueError, match="^path is not used with name='digits'"):
+        load_dataset("digits", "X")

@@ -42,7 +42,7 @@ def test_train_conflicts_and_corrupt_files_print_the_fix_not_a_traceback(tmp_pat
     r = _train(out, "--steps", "64", "--lr", "1e-3", "--seed", "2")
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
     text = flat(r.output)
-    assert "Error: out_dir" in text and "lr: saved 0.005, requested 0.001" in text and "seed: saved 0, requested 2" in text
+    assert f"Error: --out {str(out)!r} holds" in text and "lr: saved 0.005, requested 0.001" in text and "seed: saved 0, requested 2" in text
     assert "Fix: to continue the run in" in text and "rerun with --lr 0.005 --seed 0" in text
     assert "pass another --out" in text and "Traceback" not in r.output
 

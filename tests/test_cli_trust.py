@@ -92,7 +92,7 @@ def test_sae_training_stops_on_a_non_finite_loss_before_stepping(optimizer):
 
 @pytest.mark.parametrize("argv", [
     ["reproduce", "polynomial", "--quick", "--dataset", "mnist"],
-    ["reproduce", "polynomial", "--quick"],  # --data with the bundled digits: refused after the directory opened
+    ["reproduce", "polynomial", "--quick"],  # --data with the bundled digits: refused before the directory opens
     ["reproduce", "mfr", "--setting", "minilm", "--quick"],
     ["reproduce", "three-spaces", "--setting", "minilm", "--quick"],
     ["reproduce", "transformer", "--model", "minilm", "--quick"],

@@ -199,6 +199,7 @@ def test_every_command_refuses_another_configuration_before_working(tmp_path, ar
     text = flat(r.output)
     assert r.exit_code == 1 and "holds run.json of another run (" in text and "planted: saved 1, requested absent" \
         in text, text
+    assert f"Error: --out {str(out)!r} holds" in text, text  # the flag the user typed, not an internal name
     assert "Fix: to continue" in text and "pass another --out" in text and "Traceback" not in r.output
     assert (out / RUN_FILE).read_bytes() == before
     assert {p.name for p in out.iterdir()} <= {RUN_FILE, ".mlpinterp.lock"}  # nothing else written

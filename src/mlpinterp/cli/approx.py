@@ -15,6 +15,7 @@ import typer
 
 from mlpinterp.cli.config_options import CommandConfig, add_command, config_options, invalid, option
 from mlpinterp.cli.errors import expected_errors, fail
+from mlpinterp.data.dataset import check_data_path
 from mlpinterp.utils.validation import Int
 
 Dataset = Literal["digits", "mnist", "fashion-mnist"]
@@ -55,6 +56,8 @@ class ApproxCommand(CommandConfig):
     monte-carlo (memory independent of d_hidden^2)."""
 
     def validate(self) -> None:
+        if self.dataset is not None:
+            check_data_path(self.dataset, self.data, "data", "dataset")
         if (self.mean is None) != (self.cov is None):
             raise invalid("--mean and --cov must be given together", "pass both --mean MEAN.npy and --cov COV.npy")
         if self.mean is not None and (self.distribution != "standard" or self.dataset is not None):

@@ -265,23 +265,39 @@ def config_options(cls: type | None = None, *, param: str = "cfg", show_defaults
 
         command.__signature__ = sig.replace(parameters=params)
         command.__cli_params__ = {n: (s.cls, s.field.name) for n, s in sets.items()}
+        command.__cli_flags__ = cli_flags(s.field for s in sets.values() if s.alias_of is None)
         command.__cli_context_settings__ = _GREEDY_SETTINGS if greedy else None
         return command
 
     return decorate
 
 
+def cli_flags(fields) -> dict[str, str]:
+    """Python name -> flag of each field in ``fields``: its own name and the Python spelling of each old option
+    name (``--text-dir`` -> ``text_dir``), for :func:`mlpinterp.cli.errors.in_flags` (a library message names the
+    argument; the command line names the flag)."""
+    out: dict[str, str] = {}
+    for f in fields:
+        meta = cli_meta(f)
+        if meta.get("argument"):
+            continue
+        for name in (f.name, *(a.lstrip("-").replace("-", "_") for a in meta.get("aliases", ()))):
+            out.setdefault(name, option_name(f))
+    return out
+
+
 def build_config(cls: type, values: dict):
     """``cls(**values)``; a value the dataclass refuses (``ValueError``/``TypeError`` from its validation) is an
-    expected CLI failure: ``Error: <its message>``, ``Fix: <its fix, or the command's --help>``, exit 1."""
-    from mlpinterp.cli.errors import fail, fix_for, want_traceback
+    expected CLI failure: ``Error: <its message, field names as flags>``, ``Fix: <its fix, or one naming the flag,
+    or the command's --help>``, exit 1 (:func:`mlpinterp.cli.errors.report`)."""
+    from mlpinterp.cli.errors import report, want_traceback
 
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
         if want_traceback():
             raise
-        fail(str(e), fix_for(e, None))
+        report(e)
 
 
 def add_command(typer_app: typer.Typer, name: str, fn) -> None:

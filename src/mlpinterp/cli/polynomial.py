@@ -12,6 +12,7 @@ import typer
 from mlpinterp.cli.config_options import CommandConfig, add_command, cli_fields, config_options, option, option_name
 from mlpinterp.cli.errors import expected_errors, fail
 from mlpinterp.cli.options import Device, Out, Quiet, Threads, out_dir, set_threads
+from mlpinterp.data.dataset import check_data_path
 from mlpinterp.models.config import ClassifierConfig
 from mlpinterp.studies.polynomial.settings import DATASET_DEFAULTS, PolynomialReproConfig
 from mlpinterp.utils.config_diff import ABSENT, saved_value
@@ -78,6 +79,7 @@ class TrainCommand(CommandConfig, Out, Quiet, Threads, Device):
                                 warmup_steps=self.warmup_steps, seed=self.seed, **self.resolved())
 
     def validate(self) -> None:
+        check_data_path(self.dataset, self.data, "data", "dataset")
         self.classifier(1, 2)  # ClassifierConfig's own checks, before the data is read
 
 

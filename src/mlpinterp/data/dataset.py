@@ -128,6 +128,19 @@ def check_name(name: str) -> str:
     return key
 
 
+def check_data_path(dataset: str, path: str | os.PathLike | None, name: str = "path", dataset_arg: str = "name"
+                    ) -> None:
+    """Refuse a data directory ``path`` for a dataset that reads none: ``digits`` is bundled with scikit-learn.
+
+    ``name`` and ``dataset_arg`` are how the caller's arguments are called in the message (``load_dataset``: ``path``
+    and ``name``). Raises ``ValueError`` (with a ``fix``), ``TypeError``/``ValueError`` for an unknown dataset."""
+    if path is not None and check_name(dataset) == "digits":
+        err = ValueError(f"{name} is not used with {dataset_arg}='digits' (bundled with scikit-learn), got "
+                         f"{str(path)!r}")
+        err.fix = f"leave '{name}' unset, or choose {dataset_arg}='mnist' or 'fashion-mnist' (IDX files)"
+        raise err
+
+
 def candidate_data_dirs(name: str) -> list[Path]:
     """Directories searched for dataset ``name``, in order of preference.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mlpinterp.data.dataset import Dataset, check_name
+from mlpinterp.data.dataset import Dataset, check_data_path, check_name
 from mlpinterp.data.digits import load_digits
 from mlpinterp.data.idx import load_fashion_mnist, load_mnist
 
@@ -24,9 +24,8 @@ def load_dataset(name: str, path: str | os.PathLike | None = None, *, download: 
         IDX files missing and ``download=False``.
     """
     key = check_name(name)
+    check_data_path(key, path)
     if key == "digits":
-        if path is not None:
-            raise ValueError("path must be None for 'digits' (bundled with scikit-learn)")
         return load_digits()
     loader = load_mnist if key == "mnist" else load_fashion_mnist
     return loader(path, download=download)

@@ -74,19 +74,21 @@ RECORD_FIX = ("delete it to adopt the directory's files as a new run (run.json i
 class RunConflictError(ValueError):
     """``out_dir`` holds a run of another configuration (or of another command).
 
-    Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}``; ``problem``: what conflicts;
-    ``fix``: one line saying how to continue that run or start a new one (the message is ``"problem; fix"``).
-    Every run directory of the project refuses another run's settings with it; ``fix`` replaces the default line
-    where the caller knows a better one.
+    Attributes: ``out_dir``; ``diff``: ``{field: (saved value, requested value)}``; ``problem``: what conflicts,
+    naming the directory by ``option`` (the option or argument that passed it, as :func:`open_run`'s); ``fix``: one
+    line saying how to continue that run or start a new one (the message is ``"problem; fix"``). Every run
+    directory of the project refuses another run's settings with it; ``fix`` replaces the default line where the
+    caller knows a better one.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, found: str, diff: dict[str, tuple], fix: str | None = None):
+    def __init__(self, out_dir: str | os.PathLike, found: str, diff: dict[str, tuple], fix: str | None = None,
+                 option: str = "--out"):
         self.out_dir, self.diff = Path(out_dir), dict(diff)
         what = "; ".join(describe_diff(self.diff))
         saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in self.diff.items())
         self.fix = fix or (f"to extend that run pass its settings ({saved}); to start a new run choose another "
                            f"output directory or delete {str(self.out_dir)!r}")
-        self.problem = f"out_dir {str(self.out_dir)!r} holds {found} of another run ({what})"
+        self.problem = f"{option} {str(self.out_dir)!r} holds {found} of another run ({what})"
         super().__init__(f"{self.problem}; {self.fix}")
 
 
@@ -299,12 +301,14 @@ def open_run(out: str | os.PathLike, command: str, config: Mapping[str, Any], *,
         else:
             if rec.get("command") != command:
                 raise RunConflictError(path, f"a `{rec.get('command')}` run", {"command": (rec.get("command"), command)},
-                                       fix=f"pass another {option} (a run directory holds one command's run)")
+                                       fix=f"pass another {option} (a run directory holds one command's run)",
+                                       option=option)
             diff = config_diff(rec.get("config") or {}, config, ignore=tuple(resumable), implicit=implicit)
             if diff:
                 saved = ", ".join(f"{k}={saved_value(a)!r}" for k, (a, _) in diff.items())
                 raise RunConflictError(path, RUN_FILE, diff, fix=f"to continue that run pass its settings ({saved}); "
-                                       f"to start a new run pass another {option} (or delete {str(path)!r})")
+                                       f"to start a new run pass another {option} (or delete {str(path)!r})",
+                                       option=option)
             rec = {**rec, "format": FORMAT, "config": config, "derived": dict(rec.get("derived") or {}),
                    "outputs": dict(rec.get("outputs") or {})}
         if check is not None:

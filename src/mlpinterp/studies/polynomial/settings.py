@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from mlpinterp.data.dataset import check_data_path
 from mlpinterp.models.config import ClassifierConfig
 
 DATASET_DEFAULTS = {
@@ -84,6 +85,7 @@ class PolynomialReproConfig:
             raise ValueError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {self.dataset!r}")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        check_data_path(self.dataset, self.data_path, "data_path", "dataset")  # before anything is written
         d = dict(DATASET_DEFAULTS[self.dataset])
         d["warmup_steps"] = self.warmup_steps
         d["max_image_side"] = None
