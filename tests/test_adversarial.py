@@ -1023,9 +1023,9 @@ def test_cli_approx_out_keeps_dotted_name(weights, tmp_path):
     "extra, match",
     [
         (["--steps", "0"], "steps must be a positive int, got 0"),
-        (["--d-hidden", "0"], "d_hidden must be a positive int"),
+        (["--d-hidden", "0"], "--d-hidden must be a positive int"),
         (["--lr", "nan"], "lr must be a finite float"),
-        (["--warmup-steps", "-1"], "warmup_steps must be a non-negative int"),
+        (["--warmup-steps", "-1"], "--warmup-steps must be a non-negative int"),
     ],
 )
 def test_cli_train_bad_options_exit_1(tmp_path, extra, match):

@@ -263,7 +263,7 @@ def test_load_dataset_rejects_bad_names():
         load_dataset("imagenet")
     with pytest.raises(TypeError, match="name must be a str"):
         load_dataset(3)
-    with pytest.raises(ValueError, match="path must be None"):
+    with pytest.raises(ValueError, match="path is not used with name='digits'"):
         load_dataset("digits", "/tmp")
     assert load_dataset("digits").n_train == 1347
 

@@ -128,7 +128,7 @@ def test_bad_configuration_and_cli_errors(tmp_path):
     txt.write_text("too short")
     r = runner.invoke(app, ["reproduce", "transformer", "--model", model, "--text", str(txt), "--out",
                             str(tmp_path / "d"), "--quiet"])
-    assert r.exit_code == 1 and "ctx_len" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "--ctx-len" in r.output and "Traceback" not in r.output
     json.dumps(r.output)
 
 

@@ -215,7 +215,7 @@ def test_cli_train_lm_options_come_from_the_config(tmp_path, text_dir):
 
 
 @pytest.mark.parametrize(("args", "match"), [
-    (["--n-head", "3"], "Error: n_head must divide d_model"),
+    (["--n-head", "3"], "Error: --n-head must divide d_model"),
     (["--text-dir", "/nonexistent/dir"], "Error: text directory '/nonexistent/dir' is not a directory"),
 ])
 def test_cli_train_lm_expected_failures(tmp_path, args, match):

@@ -114,7 +114,7 @@ def test_cli_reproduce_mfr_lm(tmp_path, setup):
 
 @pytest.mark.parametrize(("args", "match"), [
     (["--model", "/nonexistent/model"], "Error: model directory '/nonexistent/model' does not exist"),
-    (["--model", "minilm"], "Error: model 'minilm' has no LM head"),
+    (["--model", "minilm"], "Error: --model 'minilm' has no LM head"),
 ])
 def test_cli_reproduce_mfr_lm_expected_failures(tmp_path, args, match):
     if "minilm" in args:
