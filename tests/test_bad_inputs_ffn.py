@@ -1,4 +1,4 @@
-"""Bad input to the transformer-FFN and LM-plumbing APIs (issue 14), the way a careless or unlucky user gives it.
+"""Bad input to the transformer-FFN and LM-plumbing APIs, the way a careless or unlucky user gives it.
 
 Every case is a regression test for a defect found by attacking the API: each must raise a ``TypeError`` /
 ``ValueError`` naming the argument and what was expected (the CLI: ``Error: ... / Fix: ...``, exit 1, no traceback),

@@ -1,4 +1,4 @@
-"""MFR report (issue 13): n shown, no "± 0" for one seed, "—" instead of nan, verdicts against the baseline that
+"""MFR report: n shown, no "± 0" for one seed, "—" instead of nan, verdicts against the baseline that
 can say "worse than baseline", none from a quick run, and a one-k figure that does not stretch its x-axis."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact approximants under Gaussian mixtures (issue 3) against independent oracles.
+"""Exact approximants under Gaussian mixtures against independent oracles.
 
 Oracles: (1) least squares on 10^6 mixture samples of explicit monomial features with HC0 (robust) standard
 errors (``tests.oracles``, no mlpinterp closed forms); (2) the single-Gaussian Hermite approximant for K = 1;
@@ -392,7 +392,7 @@ def test_too_large_degree_says_what_fits():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype, blocks, monkeypatch):
     # _apply_fused builds half of g2 and adds its transpose, with the sandwiches S_k A S_k in block-lower parts
-    # (issue 12): the values must be those of the out-of-place formula it replaced, to the rounding of the dtype
+    # the values must be those of the out-of-place formula it replaced, to the rounding of the dtype
     # (the summation order changed), and exactly symmetric.
     import mlpinterp.poly.mixture.operator as op_mod
     from mlpinterp.poly.mixture.coordinates import SupportCoordinates

@@ -732,7 +732,7 @@ def test_cli_turns_on_huge_pages_before_torch_allocates_and_keeps_the_users_choi
         assert _anon_huge_kb(out) == 0  # without the variable torch does not ask for huge pages
 
 
-# ------------------------------------------------------------------ memory (issue 12): the same values, fewer copies
+# ------------------------------------------------------------------ memory: the same values, fewer copies
 def test_operator_keeps_no_per_dtype_covariance_copies_and_its_views_are_the_old_values():
     # the float64 operator shares the coordinates' covariances; a float32 one keeps no [K, r, r] copy of S or of
     # Q = S + m m^T (both are built per application), and what it builds equals the tensors it used to keep
@@ -793,7 +793,7 @@ def test_flat_preconditioner_operator_and_in_place_helpers_give_the_same_bits(dt
 
 @pytest.mark.parametrize("init", ["pooled", "zero"])
 def test_warm_state_is_consistent_after_a_warm_start(init):
-    # the solver keeps neither the anchor nor its residual through a warm-started solve (memory, issue 12) and
+    # the solver keeps neither the anchor nor its residual through a warm-started solve (memory) and
     # rebuilds them for the state: M (x - anchor) must still be the stored m_correction, cold and warm
     from mlpinterp.poly.mixture.operator import unflatten_theta
 

@@ -96,8 +96,8 @@ def test_sae_train_on_minilm_tiny(tmp_path):
     bad = runner.invoke(app, ["sae", "train", "--hook-point", "encoder.layer.0.nope", "--steps", "1",
                               "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 1 and "Traceback" not in bad.output
-    assert "hook_point 'encoder.layer.0.nope' is not a submodule" in cli_utils.flat(bad.output)
-    # issue 11 item 1: resuming into the same OUT at another hook point is refused, with the override named
+    assert "--hook-point 'encoder.layer.0.nope' is not a submodule" in cli_utils.flat(bad.output)
+    # resuming into the same OUT at another hook point is refused, with the override named
     other = runner.invoke(app, ["sae", "train", "--model", "minilm", "--hook-point", "encoder.layer.1.output.dense",
                                 "--k", "4", "--d-sae", "64", "--steps", "4", "--batch-size", "64", "--ctx-len", "16",
                                 "--max-chunks", "24", "--eval-chunks", "0", "--quiet", "--out", str(tmp_path)])

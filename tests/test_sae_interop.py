@@ -130,7 +130,7 @@ def _saelens_topk(sae_lens, **kw):
 @pytest.mark.parametrize("apply_b_dec", [True, False])
 @pytest.mark.parametrize("rescale", [False, True])
 def test_saelens_file_in_ours(tmp_path, sae_lens, apply_b_dec, rescale):
-    """Issue 11 item 2: ``apply_b_dec_to_input: false`` was ignored (outputs off by up to 3.5, silently)."""
+    """Regression: ``apply_b_dec_to_input: false`` was ignored (outputs off by up to 3.5, silently)."""
     theirs = _saelens_topk(sae_lens, apply_b_dec_to_input=apply_b_dec, rescale_acts_by_decoder_norm=rescale)
     theirs.save_model(tmp_path / "l")
     ours = load_sae(tmp_path / "l")

@@ -1,4 +1,4 @@
-"""Integrity of saved SAEs (issue 11 items 1-4): provenance, content hash, faithful SAELens/sparsify fields,
+"""Integrity of saved SAEs: provenance, content hash, faithful SAELens/sparsify fields,
 input normalisation in original units, bf16 autocast. Expected values come from hand computations."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_check_provenance_errors_and_override_warns():
 
 
 def test_resuming_at_another_hook_point_is_an_error(tmp_path):
-    """Issue 11 item 1: a run at layer 3 silently resumed at layer 0 (loss 0.749 -> 0.917)."""
+    """Regression: a run at layer 3 silently resumed at layer 0 (loss 0.749 -> 0.917)."""
     cfg = MfrConfig(sae=SaeConfig(d_sae=8, k=2), n_saes=1, penalty=False, reinit=False)
     a = MfrTrainer(6, cfg, hook_point="encoder.layer.3.output", model_name="minilm")
     a.train_step(_x().float())
@@ -219,7 +219,7 @@ def _saelens_cfg(tmp_path, **edit):
 
 
 def test_saelens_apply_b_dec_to_input_false_is_honoured(tmp_path):
-    """Issue 11 item 2: without our pre_bias key, apply_b_dec_to_input=false was ignored (max diff 3.5)."""
+    """Regression: without our pre_bias key, apply_b_dec_to_input=false was ignored (max diff 3.5)."""
     sae = _saelens_cfg(tmp_path, apply_b_dec_to_input=False)
     back = load_sae(tmp_path)
     x = _x()
@@ -310,7 +310,7 @@ def test_trainer_estimates_the_scale_from_the_first_batches_and_saves_it(tmp_pat
 
 # ----------------------------------------------------------------------------- bf16
 def test_bf16_autocast_forward_backward_on_cpu():
-    """Issue 11 item 3: autocast raised a dtype mismatch inside embedding_bag."""
+    """Regression: autocast raised a dtype mismatch inside embedding_bag."""
     sae = TopKSae(6, SaeConfig(d_sae=10, k=3), generator=torch.Generator().manual_seed(0))
     x = _x().float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
