@@ -158,6 +158,24 @@ def test_cli_refuses_options_of_other_settings(tmp_path):
     assert res.exit_code == 1 and "model applies to the lm setting only" in res.output
 
 
+def test_a_missing_text_directory_is_refused_before_any_model_is_loaded(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mlpinterp.cli.main import app
+    from mlpinterp.studies.three_spaces import run
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded or trained before the text directory was checked")
+
+    monkeypatch.setattr(run, "_lm_model", no_model)
+    for setting in ("minilm", "lm"):
+        out = tmp_path / setting
+        res = CliRunner().invoke(app, ["reproduce", "three-spaces", "--setting", setting, "--out", str(out),
+                                       "--data", str(tmp_path / "nope")])
+        assert res.exit_code == 1 and "Traceback" not in res.output and "--data" in res.output
+        assert "does not exist" in res.output and not out.exists()
+
+
 def test_full_report_states_findings_and_no_smoke_warning():
     from mlpinterp.studies.three_spaces.report import pairwise_table, truth_table
 

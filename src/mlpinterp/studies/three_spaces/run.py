@@ -232,7 +232,8 @@ def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seed
     by ``train-lm`` into ``out/lm``); ``text_dir``: the transformer settings' text (default: the bundled corpora).
 
     Raises ``ValueError`` for an unknown setting, ``seeds < 1``, ``layer`` / ``model`` given for a setting that has
-    none, a layer outside the model, and what the decompositions raise.
+    none, a layer outside the model, and what the decompositions raise; ``FileNotFoundError`` for a ``text_dir``
+    that does not exist (before any model is loaded).
     """
     if not isinstance(setting, str) or setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
@@ -244,6 +245,8 @@ def reproduce(setting: str, out: str | os.PathLike, *, quick: bool = False, seed
         raise ValueError(f"model applies to the lm setting only, not to {setting}")
     if setting in TOYS and text_dir is not None:
         raise ValueError(f"text_dir applies to the transformer settings (minilm, lm), not to {setting}")
+    if text_dir is not None and not Path(text_dir).exists():  # before a model is loaded or trained
+        raise FileNotFoundError(f"text_dir {os.fspath(text_dir)!r} does not exist")
     if layer is not None:
         check_int(layer, "layer", minimum=0)
     from mlpinterp.utils.rundir import open_run
