@@ -331,6 +331,30 @@ def test_in_flags_spells_the_field_names_a_message_is_about_as_flags():
     assert in_flags("seeds must be >= 1", {}) == ("seeds must be >= 1", [])
 
 
+def test_a_fix_given_by_the_caller_or_the_error_wins_over_the_generic_flag_fix(capsys):
+    import pytest
+    import typer
+
+    from mlpinterp.cli import errors
+
+    def printed(e, fix=None):
+        token, token_fix = errors._COMMAND_FLAGS.set({"seeds": "--seeds"}), errors._COMMAND_FIX.set("see --help")
+        try:
+            with pytest.raises(typer.Exit):
+                errors.report(e, fix)
+        finally:
+            errors._COMMAND_FLAGS.reset(token)
+            errors._COMMAND_FIX.reset(token_fix)
+        return capsys.readouterr().err
+
+    assert "Fix: change or drop --seeds (see --help)" in printed(ValueError("seeds must be >= 1"))
+    assert "Fix: pass three seeds" in printed(ValueError("seeds must be >= 1"), "pass three seeds")
+    own = ValueError("seeds must be >= 1")
+    own.fix = "use seeds=3"
+    out = printed(own, "pass three seeds")
+    assert "Error: --seeds must be >= 1" in out and "Fix: use --seeds 3" in out
+
+
 @pytest.mark.parametrize("argv, error, fix", [
     (["reproduce", "polynomial", "--quick", "--seeds", "0"], "Error: --seeds must be >= 1, got 0",
      "Fix: change or drop --seeds (see `mlpinterp reproduce polynomial --help`)"),

@@ -101,10 +101,10 @@ def fix_for(e: BaseException, fix: str | None) -> str | None:
 
 def report(e: BaseException, fix: str | None = None) -> NoReturn:
     """:func:`fail` with ``e``'s message and fix (:func:`fix_for`), the running command's field names spelled as
-    its flags (:func:`in_flags`); a message that names a flag and brings no fix of its own gets one naming it (and
-    the command's ``--help``) instead of ``fix``."""
+    its flags (:func:`in_flags`); a message that names a flag, where neither ``e`` nor the caller brings a fix, gets
+    one naming the flag (and the command's ``--help``) instead of the bare ``--help`` line."""
     message, used = in_flags(_message(e))
-    if used and not getattr(e, "fix", None):
+    if used and fix is None and not getattr(e, "fix", None):
         helps = _COMMAND_FIX.get()
         fix = f"change or drop {' / '.join(used)}" + (f" ({helps})" if helps else "")
     fix = fix_for(e, fix)

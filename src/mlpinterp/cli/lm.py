@@ -37,7 +37,7 @@ def train_lm(run: LmRun, cfg: LmTrainConfig) -> None:
     from mlpinterp.cli.errors import expected_errors
     from mlpinterp.lm.train import train_lm as train
 
-    with expected_errors(fix="see `mlpinterp train-lm --help`"):
+    with expected_errors():
         m = train(cfg, run.out, text_dir=run.data, quiet=run.quiet, threads=run.threads)
     h, t = m["held_out"], m["train"]
     typer.echo(f"saved {run.out} ({m['model']['parameters']:,} parameters, vocabulary {m['model']['vocab_size']}); "

@@ -48,7 +48,7 @@ def reproduce_three_spaces(cfg: ThreeSpacesCommand) -> None:
     from mlpinterp.studies.three_spaces.run import reproduce
 
     set_threads(cfg.threads)
-    with expected_errors(fix="see `mlpinterp reproduce three-spaces --help`"):
+    with expected_errors():
         result = reproduce(cfg.setting, cfg.out, quick=cfg.quick, seeds=cfg.seeds, layer=cfg.layer, model=cfg.model,
                            text_dir=cfg.data, quiet=cfg.quiet)
     typer.echo(f"{result['seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU")
