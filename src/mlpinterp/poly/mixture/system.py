@@ -33,7 +33,14 @@ import weakref
 import numpy as np
 
 from mlpinterp.poly.mixture.coordinates import SupportCoordinates
-from mlpinterp.poly.mixture.operator import auto_dtype, cached_operator, flatten_theta, precision_of, space_of
+from mlpinterp.poly.mixture.operator import (
+    auto_dtype,
+    cached_operator,
+    flatten_theta,
+    precision_of,
+    space_of,
+    unflatten_theta,
+)
 from mlpinterp.poly.mixture.pcg import dtype_name, pcg
 from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
 from mlpinterp.utils.memory import require
@@ -155,11 +162,12 @@ def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, a
             f"{sinfo['stopped_by']}): raise maxiter, or loosen tol / fvu_tol / residual_tol", RuntimeWarning,
             stacklevel=3)
     x = x.detach().to("cpu", torch.float64)
-    tensors_u = [t.numpy().copy() for t in (x[:, 0], x[:, 1 : r + 1])]
-    A = x[:, r + 1 :].reshape(-1, r, r).numpy()
+    c, b, A = unflatten_theta(x, r)
+    tensors_u = [c.numpy().copy(), b.numpy().copy()]
+    A = A.numpy()
     sym = A + np.swapaxes(A, 1, 2)  # 0.5 (A + A^T), one temporary instead of two
     sym *= 0.5
     tensors_u.append(sym)
-    del x, A
+    del x, A, c, b
     release_free_memory()
     return tensors_u, sinfo, new_state
