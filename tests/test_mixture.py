@@ -421,12 +421,13 @@ def test_fused_operator_in_place_equals_the_out_of_place_formula(dtype, blocks, 
     ref += W
     ref += W.transpose(1, 2)
     A2 = A.reshape(o * r, r).to(dtype)
+    S_gemm = op._S64.to(dtype)
     for k, pk in enumerate(op.pi):
         if pk == 0.0:
             continue
-        Y = (A2 @ op.S_gemm[k]).reshape(o, r, r)
+        Y = (A2 @ S_gemm[k]).reshape(o, r, r)
         if dtype == torch.bfloat16:
-            ref.add_(torch.bmm(op.S_gemm[k].expand(o, r, r), Y), alpha=2.0 * pk)
+            ref.add_(torch.bmm(S_gemm[k].expand(o, r, r), Y), alpha=2.0 * pk)
         else:
             ref.baddbmm_(S[k].expand(o, r, r), Y, alpha=2.0 * pk)
     ref = 0.5 * (ref + ref.transpose(1, 2))

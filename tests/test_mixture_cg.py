@@ -572,27 +572,30 @@ def test_reduced_precision_falls_back_to_float64_when_its_sweeps_stall(monkeypat
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("r,blocks,min_r", [(10, 3, 0), (530, 7, 512), (64, 64, 0), (20, 7, 512)])
-def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r, dtype):
+@pytest.mark.parametrize("r,blocks,min_r,group", [(10, 3, 0, 1), (530, 7, 512, 2), (64, 64, 0, 3), (20, 7, 512, 1)])
+def test_block_lower_sandwiches_equal_the_float64_sum(monkeypatch, r, blocks, min_r, group, dtype):
     # H + H^T = sum_k 2 pi_k S_k A_j S_k from GEMMs that compute only the lower part of each block column (uneven
-    # last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R, one block below it): against the
-    # float64 sum, to the dtype's rounding, with a zero weight among the components; H's prior content is kept.
+    # last block, one-column blocks, the production shape above LOWER_BLOCKS_MIN_R, one block below it), summed over
+    # components inside one GEMM per group (groups of 1, 2 and 3 components): against the float64 sum, to the
+    # dtype's rounding, with a zero weight among the components; H's prior content is kept.
     import mlpinterp.poly.mixture.operator as op_mod
 
     monkeypatch.setattr(op_mod, "LOWER_BLOCKS", blocks)
     monkeypatch.setattr(op_mod, "LOWER_BLOCKS_MIN_R", min_r)
+    monkeypatch.setattr(op_mod, "SANDWICH_GROUP_BYTES", group * r * r * torch.finfo(dtype).bits // 8)
     rng = np.random.default_rng(3)
-    o, K = 2, 3
+    o, K = 2, 4
     L = rng.standard_normal((K, r, r)) / np.sqrt(r)
     S = L @ L.transpose(0, 2, 1)
     A = rng.standard_normal((o, r, r))
     A = A + A.transpose(0, 2, 1)
-    pi = [0.5, 0.0, 0.5]
+    pi = [0.4, 0.0, 0.5, 0.1]
     want = sum(2 * p * S[k] @ A @ S[k] for k, p in enumerate(pi))
     work = torch.float64 if dtype == torch.float64 else torch.float32
     base = torch.tensor(rng.standard_normal((o, r, r)), dtype=work)
-    St = torch.tensor(S).to(dtype)
-    H = op_mod._add_sandwiches(base.clone(), torch.tensor(A).to(dtype), lambda k: St[k], pi)
+    factors = op_mod.sandwich_factors(torch.tensor(S), pi, dtype)
+    assert [T.shape[1] // r for T in factors] == {1: [1, 1, 1], 2: [2, 1], 3: [3]}[group]  # the zero weight left out
+    H = op_mod._add_sandwiches(base.clone(), torch.tensor(A).to(dtype), factors)
     got = (H + H.transpose(1, 2) - base - base.transpose(1, 2)).double().numpy()
     tol = {torch.bfloat16: 2e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # bfloat16: ~2^-8 per rounding
     assert _rel(got, want) < tol
@@ -751,7 +754,10 @@ def test_operator_keeps_no_per_dtype_covariance_copies_and_its_views_are_the_old
         m = torch.as_tensor(coords.means, dtype=wd)
         assert torch.equal(op.S, S_old) and torch.equal(op.Q, S_old + m[:, :, None] * m[:, None, :])
         assert all(torch.equal(op._S_k(k), S_old[k]) for k in range(K))
-        assert torch.equal(op.S_gemm, S_old.to(dtype))
+        pi = torch.tensor(mix.weights, dtype=torch.float64).sqrt()
+        T = torch.cat(op.T_gemm, 1)  # [r, K r], one group at this size
+        want = (torch.as_tensor(coords.covs) * pi[:, None, None]).to(dtype)
+        assert torch.equal(T, torch.cat(list(want), 1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -910,3 +916,99 @@ def test_a_sweep_with_a_frozen_output_ends_once_the_running_outputs_have_cut_the
     d_prev, stop_prev, it_prev = _one_sweep(op, rhs.to(dtype), frozen, reduction=reduction, maxiter=it - 1)
     assert stop_prev == "maxiter" and it_prev == it - 1
     assert np.max(true_ratio(d_prev)[[0, 2]]) > 0.9 * reduction
+
+
+def _spd_problem(n=40, o=2, cond=1e3, seed=5):
+    """A generic SPD system for the solver in its own terms: ``Precision``/``Space`` around a dense ``M [n, n]``
+    with condition number ``cond``, right-hand sides ``[o, n]``, and a counter of applications per precision."""
+    from mlpinterp.poly.mixture.pcg import Precision, Space
+
+    g = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    M = (U * torch.logspace(0, np.log10(cond), n, dtype=torch.float64)) @ U.T
+    calls = {}
+
+    def precision(dtype, work):
+        def matvec(X):
+            calls[str(dtype)] = calls.get(str(dtype), 0) + 1
+            return (X.to(torch.float64) @ M).to(X.dtype)
+        return Precision(matvec=matvec, precondition=lambda R: R.clone(), dtype=dtype, work_dtype=work,
+                         rounding=float(torch.finfo(work).eps))
+
+    space = Space(dot=lambda X, Y: (X * Y).sum(1), gram=lambda X, Y: X @ Y.T, project_=lambda X: X)
+    rhs = torch.randn(o, n, generator=g, dtype=torch.float64)
+    return M, rhs, precision, space, calls
+
+
+def test_a_sweep_continues_along_the_directions_carried_from_the_last_one():
+    # Refinement sweeps keep the last block of search directions (reliable updates): a sweep started from the
+    # previous sweep's residual with its carried block continues the same CG, so two sweeps of 6 steps give the
+    # iterate of one uninterrupted sweep of 12 (float64, where the recurrence is the true residual to rounding).
+    # Without the carried block the second sweep restarts CG, which gives another iterate (checked, so the
+    # comparison can fail).
+    from mlpinterp.poly.mixture.pcg import _inner_pcg
+    from mlpinterp.utils.progress import progress_bar
+
+    M, rhs, precision, space, _ = _spd_problem()
+    op = precision(torch.float64, torch.float64)
+    rn = space.dot(rhs, rhs).sqrt()
+
+    def sweep(r0, steps, carry=None):
+        with progress_bar(total=steps, desc="sweep", quiet=True) as bar:
+            d, stop, it, _, _, _, carried = _inner_pcg(
+                op, space, r0, rn, torch.zeros(2, dtype=torch.float64), [], torch.zeros(2, dtype=torch.bool),
+                torch.zeros(2, dtype=torch.float64), tol=0.0, fvu_tol=0.0, residual_tol=0.0, window=10,
+                maxiter=steps, reduction=0.0, bar=bar, carry=carry)
+        assert stop == "maxiter" and it == steps
+        return d, carried
+
+    d12, _ = sweep(rhs, 12)
+    d1, carried = sweep(rhs, 6)
+    assert carried is not None and [t.shape for t in carried] == [(2, 40), (2, 40), (2, 2)]
+    r1 = rhs - d1 @ M
+    d2, _ = sweep(r1, 6, carried)
+    d2_restart, _ = sweep(r1, 6)
+    err = lambda d: float((d - d12).norm() / d12.norm())  # noqa: E731
+    assert err(d1 + d2) < 1e-9
+    assert err(d1 + d2_restart) > 1e-4
+
+
+def test_the_converged_sweep_is_checked_in_float64_without_a_float32_update():
+    # A reduced-precision sweep that meets the stopping rule on its recurrence goes straight to the float64
+    # residual, which decides: the float32 update it would replace is not computed. Counted per precision on a
+    # generic SPD system solved with bfloat16-labelled sweeps (float32 arithmetic), float32 updates and float64.
+    M, rhs, precision, space, calls = _spd_problem(cond=1e2)
+    x, info, res = pcg(precision(torch.float64, torch.float64), space, rhs, tol=1e-9, fvu_tol=0.0, residual_tol=1e-4,
+                       window=10, maxiter=500, progress=False, inner=precision(torch.bfloat16, torch.float32),
+                       fallback=precision(torch.float32, torch.float32))
+    assert info["converged"] and info["sweeps"][-1]["stopped_by"] == "residual"
+    assert float(((rhs - x @ M).norm(dim=1) / rhs.norm(dim=1)).max()) <= 1e-9
+    # one float32 update per sweep except the converged one (the old rule: one per sweep, then float64 again)
+    assert calls.get("torch.float32", 0) <= len(info["sweeps"]) - 1
+    assert calls["torch.float64"] >= 1
+
+
+def test_reuse_heap_keeps_freed_blocks_for_reuse_and_returns_them_on_exit():
+    """Inside ``reuse_heap`` a freed 24 MB block stays in glibc's heap and the next one of that size reuses it
+    (no page faults); on exit the fixed thresholds are back and the free pages are returned."""
+    import resource
+
+    from mlpinterp.utils.malloc import release_free_memory, reuse_heap
+
+    _glibc_settings_or_skip()
+    release_free_memory()
+    before = _rss()
+    with reuse_heap() as on:
+        assert on
+        a = np.ones(3_000_000)  # 24 MB: below the solve's mmap threshold, from the heap
+        pin = np.ones(1000)  # keeps the heap's top above the freed block
+        del a
+        kept = _rss() - before
+        assert kept >= 20 * 2**20
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        b = np.ones(3_000_000)  # the freed block again: its pages are still mapped
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 500  # 5,860 pages if faulted afresh
+        del b
+    assert _rss() - before < 4 * 2**20
+    del pin
+    test_fixed_mmap_threshold_returns_freed_tensor_pages()  # the fixed thresholds are in force again

@@ -33,11 +33,12 @@ preconditioner's blocks prove a null direction, else "possibly singular"). Null 
 block and entries ``A_ij`` with ``E[u_i^2 u_j^2] = 0`` are null directions of M, and the preconditioner maps them
 to 0 (so it is positive semi-definite; the solver in ``pcg.py`` relies on this).
 
-Precision. The operator works in float64, float32 or bfloat16: in bfloat16 only the 2K GEMMs take bfloat16
-inputs (float32 accumulation, the product rounded to bfloat16); the rest of the application is float32. On a
-non-symmetric A the fused operator (``b' = b + 2 A m``) is not self-adjoint, so the operator's answer is built as
-``H + H^T`` (exactly symmetric). On the CPU the second GEMM of each pair computes only the block-lower part of its
-symmetric answer (``_add_sandwiches``). Measured costs: docs/measurements.md, "Mixture solver".
+Precision. The operator works in float64, float32 or bfloat16: in bfloat16 only the sandwiches' GEMMs take
+bfloat16 inputs (float32 accumulation; ``A S_k`` rounded to bfloat16 per component, ``sum_k pi_k S_k A S_k`` once
+per output); the rest of the application is float32. On a non-symmetric A the fused operator (``b' = b + 2 A m``)
+is not self-adjoint, so the operator's answer is built as ``H + H^T`` (exactly symmetric). On the CPU the sum over
+components is one GEMM per output, and it computes only the block-lower part of its symmetric answer
+(``_add_sandwiches``). Measured costs: docs/measurements.md, "Mixture solver".
 
 Interface. :class:`MixtureOperator` applies M to ``(c [o], b [o, r], A [o, r, r])`` tuples (``apply``,
 ``apply_factored``) and to their flat form (``apply_flat``, ``precondition_flat``: one ``[o, 1 + r + r^2]`` row per
@@ -128,7 +129,9 @@ class MixtureOperator:
         # memory: the covariances are kept once, in float64 (on the CPU the coordinates' own array, not a
         # copy); a float32 operator casts them per application (``S``), and ``Q`` is built per application
         self._S64 = torch.as_tensor(coords.covs, device=device, dtype=torch.float64)
-        self._S_gemm = self.S.to(dtype) if dtype != wd else None  # bfloat16 GEMM inputs, kept (half of float32)
+        # bfloat16: the sandwiches' GEMM inputs sqrt(pi_k) S_k side by side, kept (K r^2 in bfloat16, a quarter of
+        # the float64 covariances); float32 and float64 build them per application (``sandwich_factors``)
+        self._T_gemm = sandwich_factors(self._S64, self.pi, dtype) if dtype != wd else None
         self.pi_t = torch.tensor(np.array(weights), device=device, dtype=wd)
         self.r = coords.r
         self.kind = preconditioner
@@ -174,9 +177,10 @@ class MixtureOperator:
         return self._S64[k].to(self.work_dtype)
 
     @property
-    def S_gemm(self):
-        """The covariances as the GEMMs take them (bfloat16 for a bfloat16 operator, else ``S``)."""
-        return self._S_gemm if self._S_gemm is not None else self.S
+    def T_gemm(self):
+        """The sandwiches' factors as the GEMMs take them (:func:`sandwich_factors`: kept for a bfloat16 operator,
+        else built from the float64 covariances in the working dtype)."""
+        return self._T_gemm if self._T_gemm is not None else sandwich_factors(self._S64, self.pi, self.work_dtype)
 
     @property
     def Q(self):
@@ -207,7 +211,8 @@ class MixtureOperator:
         """Same as summing ``_component_apply`` over components, with every O(o r^2) pass batched over k.
 
         Memory traffic, not arithmetic, dominated the naive sum (about 15 passes over ``[o, r, r]`` per
-        component); here each component costs its two GEMMs ``S_k (A S_k)``, accumulated in place.
+        component); here each component costs its GEMM ``A S_k``, and the sum over components of ``S_k (A S_k)`` is
+        one GEMM per output (``_add_sandwiches``), accumulated in place.
         """
         torch = self.torch
         o, r = b.shape
@@ -231,11 +236,11 @@ class MixtureOperator:
         g2 += torch.einsum("kr,oks->ors", m * pi[:, None], ev)
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
             A3 = A.to(self.dtype)
-            _add_sandwiches(g2, A3, lambda k: self._S_gemm[k], self.pi)
+            _add_sandwiches(g2, A3, self._T_gemm)
             del A3
         elif A.device.type == "cpu":
-            _add_sandwiches(g2, A, self._S_k, self.pi)
-        else:  # on a GPU the o K (1 + LOWER_BLOCKS) small GEMMs would cost launches: K batched products instead
+            _add_sandwiches(g2, A, self.T_gemm)
+        else:  # on a GPU the o (K + LOWER_BLOCKS) small GEMMs would cost launches: K batched products instead
             A2 = A.reshape(o * r, r)
             Y = torch.empty_like(A2)
             for k, pk in enumerate(self.pi):
@@ -358,45 +363,71 @@ class MixtureOperator:
         return unflatten_theta(self.precondition_flat(flatten_theta(g)), self.r)
 
 
-#: For r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of ``S_k (A S_k)`` computes only the lower part of each of
-#: ``LOWER_BLOCKS`` block columns of its symmetric answer (the flops are (1 + 8/14) / 2 = 0.79 of the full pair;
+#: For r >= ``LOWER_BLOCKS_MIN_R`` the second GEMM of the sandwiches computes only the lower part of each of
+#: ``LOWER_BLOCKS`` block columns of its symmetric answer (the flops are (1 + 6/10) / 2 = 0.8 of the full pair;
 #: fewer blocks save less, more lose it to the smaller GEMMs: ``docs/measurements.md``). Below it, one block column
 #: (the full product).
-LOWER_BLOCKS = 7
+LOWER_BLOCKS = 5
 LOWER_BLOCKS_MIN_R = 512
+#: Largest group of factors ``[r, g r]`` (bytes) that :func:`sandwich_factors` puts side by side; the sandwiches
+#: keep one ``[g r, r]`` buffer of the same size.
+SANDWICH_GROUP_BYTES = 64 * 2**20
 
 
-def _add_sandwiches(H, A, S_of, pi):
+def sandwich_factors(S, pi, dtype):
+    """The factors ``T_k = sqrt(pi_k) S_k`` of the components with ``pi_k > 0``, side by side in groups.
+
+    S : ``[K, r, r]`` covariances (symmetric); pi : the K weights; dtype : of the answer (the GEMMs' input dtype).
+    Returns a list of ``[r, g r]`` tensors ``[T_k1, ..., T_kg]``, each at most ``SANDWICH_GROUP_BYTES`` (at least
+    one component per group), so that ``sum_k pi_k S_k A S_k = sum_k T_k (A T_k)`` is one GEMM per group with an
+    inner dimension of ``g r`` (:func:`_add_sandwiches`).
+    """
+    import torch
+
+    K, r = S.shape[0], S.shape[1]
+    keep = [k for k in range(K) if pi[k] > 0.0]
+    g = max(1, SANDWICH_GROUP_BYTES // max(1, r * r * torch.finfo(dtype).bits // 8))
+    groups = []
+    for i in range(0, len(keep), g):
+        ks = keep[i : i + g]
+        scale = torch.tensor([np.sqrt(pi[k]) for k in ks], dtype=S.dtype, device=S.device)
+        T = (S[ks] * scale[:, None, None]).to(dtype)  # [g, r, r]
+        groups.append(T.transpose(0, 1).reshape(r, len(ks) * r))  # [T_k1, ..., T_kg] (a copy: side by side)
+    return groups
+
+
+def _add_sandwiches(H, A, factors):
     """``H[j] += L_j`` with ``L_j + L_j^T = sum_k 2 pi_k S_k A_j S_k``, in place; returns ``H``.
 
     ``H [o, r, r]`` in the working dtype (float32 or float64); ``A [o, r, r]`` symmetric, in the GEMM dtype
-    (bfloat16 GEMMs accumulate into a float32 ``H``); ``S_of(k)``: ``S_k [r, r]`` in the GEMM dtype; ``pi``: the K
-    weights (zero weights are skipped). ``S_k A_j S_k`` is symmetric, so only the lower part of each block column
-    (the rows from the block's first column down) is computed, the diagonal blocks at half weight: the caller adds
-    ``H^T``. One output at a time (the hot path): a bfloat16 GEMM allocates a float32 accumulator of its
-    output, 2 MB per ``[r, r]`` at MNIST scale, reused from the heap (one ``[o r, r]`` GEMM allocated 24.6 MB, a
-    fresh mapping each time; ``utils.malloc``, ``docs/measurements.md``).
+    (bfloat16 GEMMs accumulate into a float32 ``H``); ``factors``: :func:`sandwich_factors` in the GEMM dtype. Per
+    output and group, ``W = [A T_k1; ...; A T_kg]`` (one GEMM per component, stacked rows) and then
+    ``sum_k T_k (A T_k) = [T_k1, ..., T_kg] W``: one GEMM whose inner dimension runs over the group's components,
+    so the sum over components is accumulated inside the GEMM (in float32 for bfloat16 inputs, rounded once) and
+    added to ``H`` once per group. ``S_k A_j S_k`` is symmetric, so only the lower part of each block column (the
+    rows from the block's first column down) is computed, the diagonal blocks at half weight: the caller adds
+    ``H^T``. One output at a time (the hot path: buffers of one output, reused).
     """
     import torch
 
     o, r = A.shape[:2]
     bs = max(-(-r // LOWER_BLOCKS) if r >= LOWER_BLOCKS_MIN_R else r, 1)
     cols = [(c0, min(c0 + bs, r)) for c0 in range(0, r, bs)]
-    Y = torch.empty(r, r, dtype=A.dtype, device=A.device)
     buf = torch.empty(r * bs, dtype=A.dtype, device=A.device)
-    for k, pk in enumerate(pi):
-        if pk == 0.0:
-            continue
-        Sk = S_of(k)
+    for T in factors:
+        g = T.shape[1] // r
+        W = torch.empty(g * r, r, dtype=A.dtype, device=A.device)
         for j in range(o):
-            torch.mm(A[j], Sk, out=Y)  # A S_k
+            for i in range(g):
+                torch.mm(A[j], T[:, i * r : (i + 1) * r], out=W[i * r : (i + 1) * r])  # A_j T_k
             for c0, c1 in cols:
                 w = c1 - c0
                 Zb = buf[: (r - c0) * w].view(r - c0, w)
-                torch.mm(Sk[c0:], Y[:, c0:c1], out=Zb)  # rows c0: of columns c0:c1 of S_k A S_k
-                H[j, c0:c1, c0:c1].add_(Zb[:w], alpha=pk)  # the diagonal block at half of 2 pi_k (H + H^T doubles it)
+                torch.mm(T[c0:], W[:, c0:c1], out=Zb)  # rows c0: of columns c0:c1 of sum_k T_k A_j T_k
+                H[j, c0:c1, c0:c1].add_(Zb[:w])  # the diagonal block at half of 2 (H + H^T doubles it)
                 if c1 < r:
-                    H[j, c1:, c0:c1].add_(Zb[w:], alpha=2.0 * pk)
+                    H[j, c1:, c0:c1].add_(Zb[w:], alpha=2.0)
+        del W
     return H
 
 

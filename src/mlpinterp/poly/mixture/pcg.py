@@ -18,14 +18,17 @@ Convergence is checked on the true residual ``rhs - M theta``, recomputed in flo
 the recurrence alone: the solver reports ``converged`` only when the true relative residual is ``<= tol``, or
 when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual is ``<= residual_tol``
 (default 1e-4). CG minimises the energy-norm error, which *is* the excess mean squared error of the iterate,
-and we estimate it over a window of steps (see :func:`pcg`). If the true residual misses the target, CG restarts
-from it (iterative refinement); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
+and we estimate it over a window of steps (see :func:`pcg`). If the true residual misses the target, CG goes on
+from it (iterative refinement with reliable updates: the next sweep starts from the true residual and keeps the
+last block of search directions, so CG continues instead of restarting, as in van der Vorst & Ye 2000's residual
+replacement and Clark et al. 2010's mixed-precision CG); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
 refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
 true residuals outside. In bfloat16 only the operator's GEMMs take bfloat16 inputs; the sweep's CG vectors are
 float32. A bfloat16 sweep ends when every output still running has cut its recurrence residual tenfold
 (``SWEEP_REDUCTION``) or when the recurrence stagnates; the true residual is then updated with the float32 operator
 (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so float32 rounding never
-accumulates), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16 sweep that reduces the true
+accumulates; in float64 at once, without the float32 update, when the sweep's recurrence has met the stopping rule
+or fallen 1000-fold), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16 sweep that reduces the true
 residual less than twofold (or raises it: its correction is discarded) switches the remaining sweeps to float32,
 and a float32 sweep that does so switches them to float64
 (``solver_info["fallback"]`` lists each switch: on singular operators float32 and bfloat16 rounding can leave the
@@ -104,7 +107,7 @@ def _relative(space: Space, res, rhs_norm):
 
 
 def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: list, frozen, frozen_err, *, tol,
-               fvu_tol, residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None):
+               fvu_tol, residual_tol, window, maxiter, reduction, bar, precondition=None, verify=None, carry=None):
     """Block PCG on ``M d = r0`` from ``d = 0`` with ``op``'s operator; the stopping rules use the global quantities.
 
     One block CG (O'Leary 1980) for all outputs: they share the operator, so each step's directions are the
@@ -118,6 +121,8 @@ def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: lis
     stays in ``P range(M)`` as with one CG per output (the same solution; module docstring).
 
     CG vectors and recurrences stay in ``r0 [o, n]``'s dtype; only the applications run in ``op.dtype``.
+    ``carry``: ``(P, M P, (P^T M P)^+)`` of the previous sweep's last block (or None): the first step's directions
+    are M-orthogonalised against it, so the sweep continues that CG from ``r0`` (reliable updates, module docstring).
     ``precondition``: the precision whose preconditioner is used (default ``op``); ``verify``: the float64 one, which
     decides whether a float32 direction with ``<p, M p> < 0`` is indefinite (raise) or rounding (dropped); ``rhs_norm
     [o]``: the right-hand side's norms; ``explained0 [o]``: variance explained by the outer iterate; ``gains``: the
@@ -127,7 +132,8 @@ def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: lis
     ``<= fvu_tol``, is frozen (``frozen [o]``, updated in place): its iterate stops changing and its residual no
     longer adds directions. ``frozen_err [o]`` keeps a frozen output's estimated energy error, which stays in the
     pooled estimate. Returns ``(d [o, n], stop, iterations, residual_history, explained_history,
-    active_output_history)``.
+    active_output_history, carry)`` with ``carry`` the last block for the next sweep (None when the sweep ended
+    before completing a step's block).
     """
     import torch
 
@@ -150,7 +156,8 @@ def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: lis
     explained_k = explained0.clone()
     mnorm = 0.0  # the largest |M p| / |p| seen: a lower bound on ||M||
     best, best_it = np.inf, 0  # reduced precision: the sweep ends when the recurrence stagnates at the rounding level
-    Pp = Qp = Hinv = None  # the previous block (orthonormal), M applied to it, and the pseudo-inverse of its Gram
+    # the previous block (orthonormal), M applied to it, and the pseudo-inverse of its Gram
+    Pp, Qp, Hinv = carry if carry is not None else (None, None, None)
     while it < maxiter:
         run = live & ~frozen
         idx = torch.nonzero(run).flatten()
@@ -211,8 +218,8 @@ def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: lis
         PR = U.T @ (Z @ R.T)  # [directions, o]: <z_j, r_o>
         alpha = (PR / lam[:, None]) * run.to(PR.dtype)  # frozen outputs take no step
         C = U @ alpha  # [s, o]: the step in the orthonormal basis Z
-        D += C.T @ Z
-        R -= C.T @ Q
+        D.addmm_(C.T, Z)
+        R.addmm_(C.T, Q, alpha=-1)
         gain = (alpha * PR).sum(0)  # [o] energy decrease per output
         Pp, Qp, Hinv = Z, Q, (U / lam) @ U.T
         it += 1
@@ -251,7 +258,8 @@ def _inner_pcg(op: Precision, space: Space, r0, rhs_norm, explained0, gains: lis
         if bool(going.any()) and float((rel_o * rn / torch.where(live, r0_norm, 1.0))[going].max()) <= reduction:
             stop = "refine"
             break
-    return D, stop, it, residuals, explained, n_active
+    carry = (Pp, Qp, Hinv) if Pp is not None and Qp is not None else None
+    return D, stop, it, residuals, explained, n_active, carry
 
 
 def _per_output_fvu(energy, explained):
@@ -281,14 +289,14 @@ def _pooled_estimate(gains: list, frozen, frozen_err, explained, window: int) ->
 #: Residual reduction at which an inner PCG sweep stops and the outer loop recomputes the true residual, per
 #: dtype of the inner operator (float64: no inner sweeps; see ``pcg``). A bfloat16 sweep stops at a tenfold cut
 #: (one digit per refinement step): asked for more, its recurrence plateaus after a few-fold cut and the sweep
-#: spends tens of steps there before the stagnation window ends it; short sweeps restarted from the true residual
+#: spends tens of steps there before the stagnation window ends it; short sweeps continued from the true residual
 #: converge in fewer steps in all (``docs/measurements.md``, "Mixture solver default").
 SWEEP_REDUCTION = {"float32": 1e-6, "bfloat16": 1e-1}
 #: Iteration budget of one inner sweep per dtype (None: no limit beyond ``maxiter``; tests shrink it to force
 #: the bfloat16 -> float32 -> float64 fallbacks).
 SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
 #: A bfloat16 or float32 sweep ends (``"stagnated"``) when its recurrence residual has not fallen by 10 % in this
-#: many steps (rounding, not the Krylov space, limits it; the next sweep restarts from the true residual). CG's
+#: many steps (rounding, not the Krylov space, limits it; the next sweep goes on from the true residual). CG's
 #: residual norm also plateaus on its own (a 10-step window ends MNIST's first bfloat16 sweep threefold above where
 #: it goes on to), so the window is long.
 STAGNATION_STEPS = 30
@@ -385,6 +393,7 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
     fell_back: list = []
     update = fallback  # the precision of the residual updates between sweeps (None: rhs - M x in float64)
     exact = update is None  # res is rhs - M x in float64 (else updated with the float32 operator)
+    carry = None
 
     def meets(rel: float, est: float | None) -> bool:
         """The stopping rule of the module docstring, on a true relative residual."""
@@ -408,12 +417,12 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
         # bfloat16 sweeps keep their CG vectors in float32 (half the memory traffic; their accuracy is set by the
         # 2^-8 GEMMs); float32 and float64 sweeps keep them in float64
         low = inner.dtype == torch.bfloat16
-        d, stop, n, rh, eh, na = _inner_pcg(inner, space, res.to(inner.work_dtype) if low else res, rhs_norm,
+        d, stop, n, rh, eh, na, carry_new = _inner_pcg(inner, space, res.to(inner.work_dtype) if low else res, rhs_norm,
                                             explained0, gains, frozen, frozen_err, tol=tol,
                                             fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
                                             maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
                                             precondition=inner if low else op64,
-                                            verify=op64)
+                                            verify=op64, carry=carry)
         it += n
         residuals += rh
         explained += eh
@@ -422,7 +431,9 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
             d = space.project_(d)
         x_new = x + d.to(x.dtype)
         prev = float(true_rel.max())
-        exact_new = update is None
+        # float64 at once where the float32 update would be replaced by it anyway: the sweep's recurrence (which
+        # tracks the true residual) met the stopping rule, or has fallen 1000-fold since the last float64 residual
+        exact_new = update is None or stop in ("fvu", "residual") or bool(rh and rh[-1] <= 0.5e-3 * ref)
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
             res_new = space.project_(res - update.matvec(d))
             rel_o, rel = _relative(space, res_new, rhs_norm)
@@ -452,7 +463,7 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
             fell_back.append({"to": dtype_name(up.dtype), "after_sweep": len(sweeps),
                               "reason": f"a {name} sweep took the true relative residual from {prev:.3g} to {rel:.3g}"
                                         + (" (correction discarded)" if entry["discarded"] else "")})
-            inner = up
+            inner, carry = up, None
             if up is op64:  # float64 sweeps: every residual is rhs - M x in float64
                 update = None
                 if not exact:
@@ -470,6 +481,7 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
         sweeps.append(entry)
         x, res, true_rel, exact = x_new, res_new, rel_o, exact_new
         ref = rel if exact else ref
+        carry = carry_new
         if converged or it >= maxiter or (stop == "stalled" and rel > 0.5 * prev) or n == 0 or bf16_stalled:
             break
     if not exact:  # the reported residual is always rhs - M x in float64

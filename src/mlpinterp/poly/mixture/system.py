@@ -42,7 +42,7 @@ from mlpinterp.poly.mixture.operator import (
     unflatten_theta,
 )
 from mlpinterp.poly.mixture.pcg import dtype_name, pcg
-from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory
+from mlpinterp.utils.malloc import fix_mmap_threshold, release_free_memory, reuse_heap
 from mlpinterp.utils.memory import require
 
 
@@ -123,9 +123,10 @@ def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, a
     elif plain_start is not None:
         t = list(plain_start) + [np.zeros((d_out,) + (r,) * j) for j in range(len(plain_start), 3)]
         x0, res0, start = flatten_theta(as_t(t)), None, "warm (plain start)"
-    x, sinfo, res = pcg(exact, space, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
-                        maxiter=maxiter, progress=progress, x0=x0, inner=sweeps, fallback=low, res0=res0,
-                        recycle=recycle)
+    with reuse_heap():  # the CG vectors from the heap's freed blocks, not fresh pages (mlpinterp.utils.malloc)
+        x, sinfo, res = pcg(exact, space, rhs, tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
+                            maxiter=maxiter, progress=progress, x0=x0, inner=sweeps, fallback=low, res0=res0,
+                            recycle=recycle)
     del x0, res0, recycle  # memory: a warm start's initial iterate and residual (98 MB at MNIST scale), stale by now
     # bfloat16 rounding adds components along null directions of a singular operator that no residual sees
     canonical = structure == "nonsingular" or (start != "warm (plain start)" and dtype != torch.bfloat16 and (
