@@ -16,10 +16,11 @@ Two opposite costs (the figures below are for MNIST: 784-512-10, Ledoit-Wolf cla
 
 * **Reuse during a solve.** Inside :func:`reuse_heap` (the CG solve) the thresholds are raised to
   ``SOLVE_MMAP_THRESHOLD`` and ``SOLVE_TRIM_THRESHOLD``: each CG vector (20 MB at MNIST scale, ten or so allocated
-  and freed per iteration) then comes from the heap's freed blocks instead of fresh pages, about 8 times fewer
-  page faults and a fifth of the system time; on exit the fixed thresholds are restored and the heap's free pages
-  returned (``malloc_trim``), so the resident memory after a solve is what it was without it (the counts are in
-  ``docs/measurements.md``).
+  and freed per iteration) then comes from the heap's freed blocks instead of fresh pages: 6 to 8 times fewer
+  page faults and a quarter of the system time, for a heap whose high-water mark adds about 200 MB to the solve's
+  peak at MNIST scale (the solve's memory estimate counts it); on exit the fixed thresholds are restored and the
+  heap's free pages returned (``malloc_trim``), so the resident memory after a solve is what it was without it
+  (the counts are in ``docs/measurements.md``).
 
 * **Transparent huge pages.** What page faults remain (every freed CG vector's pages are faulted in again when the
   next one is allocated) cost 4 kB each. ``enable_transparent_huge_pages`` asks torch's CPU allocator to align

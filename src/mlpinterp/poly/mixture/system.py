@@ -49,8 +49,10 @@ from mlpinterp.utils.memory import require
 def operator_bytes(K: int, r: int, d_out: int) -> float:
     """Bytes of the matrix-free solve, float64 (an upper bound for the lower precisions): the K component
     covariances in u with their working copies and preconditioner blocks (4 K r^2) and CG's iterate, residual,
-    search direction, operator image, anchor and refinement vectors over the outputs (12 d_out r^2)."""
-    return 8.0 * (4 * K + 12 * d_out) * r * r
+    search direction, operator image, anchor and refinement vectors over the outputs, with the freed ones that
+    glibc's heap keeps for reuse during the solve (``utils.malloc.reuse_heap``; 20 d_out r^2 in all: measured at
+    MNIST scale, docs/measurements.md)."""
+    return 8.0 * (4 * K + 20 * d_out) * r * r
 
 
 def solve_quadratic(coords: SupportCoordinates, d_out: int, rhs_terms, anchor, anchor_factors, plain_start, state, *,
