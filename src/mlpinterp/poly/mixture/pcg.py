@@ -21,16 +21,16 @@ when the estimated excess FVU is ``<= fvu_tol`` *and* the true relative residual
 and we estimate it over a window of steps (see :func:`pcg`). If the true residual misses the target, CG goes on
 from it (iterative refinement with reliable updates: the next sweep starts from the true residual and keeps the
 last block of search directions, so CG continues instead of restarting, as in van der Vorst & Ye 2000's residual
-replacement and Clark et al. 2010's mixed-precision CG); in float32 (``dtype=torch.float32``) this is mixed-precision iterative
-refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and recurrences, float64
-true residuals outside. In bfloat16 only the operator's GEMMs take bfloat16 inputs; the sweep's CG vectors are
-float32. A bfloat16 sweep ends when every output still running has cut its recurrence residual tenfold
-(``SWEEP_REDUCTION``) or when the recurrence stagnates; the true residual is then updated with the float32 operator
-(``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so float32 rounding never
-accumulates; in float64 at once, without the float32 update, when the sweep's recurrence has met the stopping rule
-or fallen 1000-fold), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16 sweep that reduces the true
-residual less than twofold (or raises it: its correction is discarded) switches the remaining sweeps to float32,
-and a float32 sweep that does so switches them to float64
+replacement and Clark et al. 2010's mixed-precision CG); in float32 (``dtype=torch.float32``) this is
+mixed-precision iterative refinement: float32 operator applications (the GEMMs) inside, float64 CG vectors and
+recurrences, float64 true residuals outside. In bfloat16 only the operator's GEMMs take bfloat16 inputs; the sweep's
+CG vectors are float32. A bfloat16 sweep ends when every output still running has cut its recurrence residual
+tenfold (``SWEEP_REDUCTION``) or when the recurrence stagnates; the true residual is then updated with the float32
+operator (``res - M d``, recomputed as ``rhs - M x`` in float64 whenever it has fallen 1000-fold, so float32
+rounding never accumulates; in float64 at once, without the float32 update, when the sweep's recurrence has met the
+stopping rule or fallen 1000-fold), any convergence is decided on ``rhs - M x`` in float64, and a bfloat16 sweep
+that reduces the true residual less than twofold (or raises it: its correction is discarded) switches the remaining
+sweeps to float32, and a float32 sweep that does so switches them to float64
 (``solver_info["fallback"]`` lists each switch: on singular operators float32 and bfloat16 rounding can leave the
 true residual above a tight ``tol`` however many sweeps run; on a singular operator bfloat16 rounding also adds
 components along null directions that no residual sees). A direction with ``<p, M p> < 0`` beyond rounding raises
@@ -417,12 +417,11 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
         # bfloat16 sweeps keep their CG vectors in float32 (half the memory traffic; their accuracy is set by the
         # 2^-8 GEMMs); float32 and float64 sweeps keep them in float64
         low = inner.dtype == torch.bfloat16
-        d, stop, n, rh, eh, na, carry_new = _inner_pcg(inner, space, res.to(inner.work_dtype) if low else res, rhs_norm,
-                                            explained0, gains, frozen, frozen_err, tol=tol,
-                                            fvu_tol=fvu_tol, residual_tol=residual_tol, window=window,
-                                            maxiter=budget, reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar,
-                                            precondition=inner if low else op64,
-                                            verify=op64, carry=carry)
+        d, stop, n, rh, eh, na, carry_new = _inner_pcg(
+            inner, space, res.to(inner.work_dtype) if low else res, rhs_norm, explained0, gains, frozen, frozen_err,
+            tol=tol, fvu_tol=fvu_tol, residual_tol=residual_tol, window=window, maxiter=budget,
+            reduction=SWEEP_REDUCTION.get(name, 0.0), bar=bar, precondition=inner if low else op64, verify=op64,
+            carry=carry)
         it += n
         residuals += rh
         explained += eh
