@@ -64,14 +64,19 @@ def _libc():
         return None
 
 
+def _set_thresholds(libc, mmap_threshold: int, trim_threshold: int) -> bool:
+    """Set glibc's mmap and trim thresholds; True when both are set (False without glibc)."""
+    if libc is None:
+        return False
+    mmap_set = bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
+    return mmap_set and bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
 @functools.cache
 def fix_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` and its trim threshold at ``TRIM_THRESHOLD`` (once per
     process); True when both are set (False without glibc, or when ``MALLOC_MMAP_THRESHOLD_`` is set)."""
-    libc = _libc()
-    if libc is None:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return _set_thresholds(_libc(), MMAP_THRESHOLD, TRIM_THRESHOLD)
 
 
 @contextlib.contextmanager
@@ -83,14 +88,11 @@ def reuse_heap():
     The settings are process-wide: other threads' allocations in the block are served the same way.
     """
     libc = _libc()
-    on = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, SOLVE_MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, SOLVE_TRIM_THRESHOLD))
     try:
-        yield on
+        yield _set_thresholds(libc, SOLVE_MMAP_THRESHOLD, SOLVE_TRIM_THRESHOLD)
     finally:
         if libc is not None:
-            libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            _set_thresholds(libc, MMAP_THRESHOLD, TRIM_THRESHOLD)
             release_free_memory()
 
 

@@ -236,7 +236,7 @@ class MixtureOperator:
         g2 += torch.einsum("kr,oks->ors", m * pi[:, None], ev)
         if self.dtype != self.work_dtype:  # bfloat16 GEMMs, float32 accumulation across components
             A3 = A.to(self.dtype)
-            _add_sandwiches(g2, A3, self._T_gemm)
+            _add_sandwiches(g2, A3, self.T_gemm)
             del A3
         elif A.device.type == "cpu":
             _add_sandwiches(g2, A, self.T_gemm)

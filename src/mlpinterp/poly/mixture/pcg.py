@@ -300,6 +300,9 @@ SWEEP_MAXITER: dict = {"float32": None, "bfloat16": None}
 #: residual norm also plateaus on its own (a 10-step window ends MNIST's first bfloat16 sweep threefold above where
 #: it goes on to), so the window is long.
 STAGNATION_STEPS = 30
+#: The float32-updated true residual is recomputed as ``rhs - M x`` in float64 once it has fallen by this factor
+#: since the last float64 residual (its float32 rounding, ~eps32 times that residual, would otherwise stay in it).
+RECOMPUTE_FALL = 1e-3
 #: A reduced-precision sweep that leaves the true residual above this fraction of the previous one has stalled: the
 #: remaining sweeps run one precision up, bfloat16 -> float32 -> float64 (``solver_info["fallback"]``).
 BF16_STALL = 0.5
@@ -432,12 +435,13 @@ def _sweeps(op64: Precision, inner: Precision, fallback: Precision | None, space
         prev = float(true_rel.max())
         # float64 at once where the float32 update would be replaced by it anyway: the sweep's recurrence (which
         # tracks the true residual) met the stopping rule, or has fallen 1000-fold since the last float64 residual
-        exact_new = update is None or stop in ("fvu", "residual") or bool(rh and rh[-1] <= 0.5e-3 * ref)
+        # (at half the fall, as the recurrence tracks the true residual only to a few per cent)
+        exact_new = update is None or stop in ("fvu", "residual") or bool(rh and rh[-1] <= 0.5 * RECOMPUTE_FALL * ref)
         if not exact_new:  # the float32 update of the true residual; float64 confirms any convergence
             res_new = space.project_(res - update.matvec(d))
             rel_o, rel = _relative(space, res_new, rhs_norm)
             # its rounding, ~eps32 times the residual at the last float64 recomputation, stays in res: recompute
-            exact_new = rel <= 1e-3 * ref
+            exact_new = rel <= RECOMPUTE_FALL * ref
         if exact_new:
             res_new = space.project_(_residual(op64, rhs, x_new))
             rel_o, rel = _relative(space, res_new, rhs_norm)
